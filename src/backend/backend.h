@@ -1,0 +1,187 @@
+// The narrow interface that model code is written against (ARCHITECTURE.md, "Backend
+// interface"). CPU (backend/cpu) and CUDA (backend/cuda) implement every op.
+//
+// Conventions for every op:
+//  - activations, residuals and recurrent state are fp32, row-major, on the backend's memory;
+//  - weights are WeightRef: bf16 / f16 / f32, or packed int4 (group-affine, mlx layout);
+//  - "row-invariant": the result for row m is bit-identical whatever the row count M, so plain
+//    decode (M = 1) and verify (M = k+1) agree bit for bit (spec/speculative.md section 2);
+//  - positions and counts that change from call to call are read from backend memory
+//    (`const int32_t*` arguments), never passed as scalars, so a captured CUDA graph can be
+//    replayed after the host updates them.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/dtype.h"
+
+namespace qf {
+
+// A weight matrix [rows = out features, cols = in features] resident on a backend.
+struct WeightRef {
+  DType dtype = DType::BF16;  // BF16, F16, F32; U32 = int4 packed 8 per word along cols
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;    // [rows, cols] (int4: u32 [rows, cols/8], element j at bits 4j)
+  const void* scales = nullptr;  // int4 only: bf16 [rows, cols/group]
+  const void* biases = nullptr;  // int4 only: bf16 [rows, cols/group]; w = q*scale + bias
+  int group = 0;                 // int4 group size (64 for mlx checkpoints)
+  bool valid() const { return data != nullptr; }
+};
+
+// Attention geometry. A key at buffer row j has absolute position kv_pos0 + j; query row m has
+// position q_pos0 + m. Key j is visible to query m iff j < n_kv and
+//   causal:     kpos <= qpos                     (and qpos - kpos < window if window > 0)
+//   non-causal: |qpos - kpos| < window (window > 0), else all keys.
+struct AttnParams {
+  int n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  float scale = 0;
+  bool causal = true;
+  int window = 0;
+};
+
+// Per-step positions kept in backend memory. Written by the host before each forward.
+struct StepMeta {
+  int32_t q_pos0;   // position of query row 0
+  int32_t kv_pos0;  // position of key row 0 in the key buffer
+  int32_t n_kv;     // valid key rows in the key buffer
+  int32_t pad;
+};
+
+// Gated DeltaNet dimensions. The per-layer state blob is
+//   S    f32 [n_v_heads, d_v, d_k]         (S[h][i][j]: value dim i, key dim j)
+//   tail f32 [conv_kernel - 1, conv_dim]    (raw conv inputs, oldest row first)
+struct GdnDims {
+  int n_k_heads = 0, n_v_heads = 0, d_k = 0, d_v = 0, conv_kernel = 4;
+  float eps = 1e-6f;  // l2norm epsilon (inside the sqrt)
+  int key_dim() const { return n_k_heads * d_k; }
+  int value_dim() const { return n_v_heads * d_v; }
+  int conv_dim() const { return 2 * key_dim() + value_dim(); }
+  size_t s_floats() const { return static_cast<size_t>(n_v_heads) * d_v * d_k; }
+  size_t state_floats() const { return s_floats() + static_cast<size_t>(conv_kernel - 1) * conv_dim(); }
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual bool is_gpu() const = 0;
+
+  // ---- memory -------------------------------------------------------------------------------
+  virtual void* alloc(size_t bytes) = 0;  // zero-filled; Backend error when it does not fit
+  virtual void release(void* p) = 0;
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual void fill_zero(void* dst, size_t bytes) = 0;
+  virtual void sync() = 0;
+  // Weight bytes from a host mapping: the CPU returns `host` itself (zero copy), a GPU backend
+  // allocates and uploads. Freed with release_weight.
+  virtual const void* import_weight(const void* host, size_t bytes) = 0;
+  virtual void release_weight(const void* p) = 0;
+
+  // ---- dense ops ----------------------------------------------------------------------------
+  // y[m, r] = sum_c x[m, c] * W[r, c]; x [M, W.cols], y [M, W.rows]. Row-invariant.
+  virtual void matmul(const WeightRef& W, const float* x, float* y, int M) = 0;
+  // out[m, :] = E[ids[m], :] as f32 (ids in backend memory).
+  virtual void embed(const WeightRef& E, const int32_t* ids, float* out, int M) = 0;
+  // y = x / sqrt(mean(x^2) + eps) * w  over rows of n; w f32 [n] (nullptr = ones). In-place ok.
+  virtual void rmsnorm(const float* x, const float* w, float* y, int rows, int n, float eps) = 0;
+  // y = w * rmsnorm(x) * silu(gate); rows of n. In-place (y == x) ok.
+  virtual void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, int rows,
+                             int n, float eps) = 0;
+  virtual void add(float* y, const float* x, size_t n) = 0;                        // y += x
+  virtual void scale(float* y, float s, size_t n) = 0;                             // y *= s
+  virtual void swiglu(const float* gate, const float* up, float* out, size_t n) = 0;  // silu(g)*u
+  virtual void sigmoid_mul(float* y, const float* gate, size_t n) = 0;            // y *= sigmoid(g)
+  // logits = tanh(logits / cap) * cap when cap > 0 (after the caller's scale).
+  virtual void softcap(float* y, float cap, size_t n) = 0;
+  // dst[r, 0:cols] = src[r, 0:cols] with leading dimensions in floats.
+  virtual void copy_2d(float* dst, int dst_ld, const float* src, int src_ld, int rows, int cols) = 0;
+
+  // ---- attention ----------------------------------------------------------------------------
+  // qg [M, n_heads, 2, head_dim] (query | gate per head) -> q, gate [M, n_heads, head_dim].
+  virtual void split_qgate(const float* qg, float* q, float* gate, int M, int n_heads, int head_dim) = 0;
+  // NeoX rotate-half RoPE on dims [0, rot_dim) of each head; row m at position meta->q_pos0 + m.
+  // x [M, n_heads, head_dim]; inv_freq[i] = theta^(-2i/rot_dim) computed in double, cast to f32.
+  virtual void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, float theta,
+                    const StepMeta* meta) = 0;
+  // cache[(meta->q_pos0 - meta->kv_pos0 + m), :] = rows[m, :]; cache [capacity, width].
+  virtual void kv_write(float* cache, const float* rows, int M, int width, const StepMeta* meta) = 0;
+  // out[m, h, :] = softmax over visible keys of (q[m,h]·K[j,g]) * scale, times V[j,g];
+  // g = h / (n_heads / n_kv_heads). K, V [>= n_kv, n_kv_heads*head_dim]. fp32 softmax; the
+  // reduction order depends only on the key range, never on M.
+  virtual void attention(const float* q, const float* K, const float* V, float* out, int M,
+                         const AttnParams& p, const StepMeta* meta) = 0;
+
+  // ---- gated DeltaNet -----------------------------------------------------------------------
+  // Rows are processed sequentially (spec/qwen38.md 3.3): causal depthwise conv over
+  // [tail | mixed rows] + SiLU, split q/k/v, l2-normalise q and k (q also * d_k^-0.5),
+  // g = exp(-exp(A_log) * softplus(alpha + dt_bias)), beta = sigmoid(beta_in), delta rule on S,
+  // y = S q. mixed [M, conv_dim], alpha/beta_in [M, n_v_heads], conv_w f32 [conv_dim, K],
+  // A_log/dt_bias f32 [n_v_heads], state = the layer's blob (GdnDims), y [M, value_dim].
+  // capture (nullable): after row m the whole blob is copied to capture + m * state_floats().
+  virtual void gdn_rows(const float* mixed, const float* alpha, const float* beta_in,
+                        const float* conv_w, const float* A_log, const float* dt_bias,
+                        const GdnDims& d, float* state, float* y, int M, float* capture) = 0;
+
+  // ---- selection ----------------------------------------------------------------------------
+  // Largest value per row, lowest index among equal maxima. out [M] int32 in backend memory.
+  virtual void argmax_rows(const float* x, int M, int n, int32_t* out) = 0;
+  // Top-k per row sorted by (value desc, index asc). vals [M, k], ids [M, k].
+  virtual void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids) = 0;
+
+  // ---- DFlash2 ------------------------------------------------------------------------------
+  // Grouped dynamic causal conv (spec/dflash2.md 2.5) over one block of L rows:
+  // out[i,c] = sum_t (base[t,c] + D[i, side*Kc*G + t*G + c/gs]) * x[i-t, c], x[<0] = 0.
+  // base = base_kernel + side*Kc*H (f32 [Kc, H]); D [L, 2*Kc*G]. out must not alias x.
+  virtual void dyn_conv(const float* x, const float* base, const float* D, float* out, int L, int H,
+                        int Kc, int gs, int side) = 0;
+  // Candidate path selector walk (spec/dflash2.md 3.1, greedy): for slot j = 0..k-1,
+  // s[c] = cand_vals[j,c] + sum_r Epre[pred, r] * P[j, r] * Esuc[cand_ids[j,c], r] (fp32),
+  // pick the first max, pred = that candidate. pred starts at *anchor. drafts [k],
+  // scores [k, K] (the walk's scores). Epre/Esuc are [V, R] weights (bf16 usually).
+  virtual void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float* P,
+                             const WeightRef& Epre, const WeightRef& Esuc, const int32_t* anchor,
+                             int k, int K, int R, int32_t* drafts, float* scores) = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend();
+// nullptr when qflash was built without CUDA or no GPU is present; `why` says which.
+std::unique_ptr<Backend> make_cuda_backend(std::string* why);
+bool cuda_compiled();
+
+// RAII buffer on a backend.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(Backend* be, size_t bytes) : be_(be), bytes_(bytes), p_(bytes ? be->alloc(bytes) : nullptr) {}
+  DeviceBuffer(DeviceBuffer&& o) noexcept { *this = std::move(o); }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      be_ = o.be_; bytes_ = o.bytes_; p_ = o.p_;
+      o.p_ = nullptr; o.bytes_ = 0;
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { reset(); }
+  void reset() {
+    if (p_ && be_) be_->release(p_);
+    p_ = nullptr; bytes_ = 0;
+  }
+  float* f() const { return static_cast<float*>(p_); }
+  int32_t* i() const { return static_cast<int32_t*>(p_); }
+  void* get() const { return p_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* be_ = nullptr;
+  size_t bytes_ = 0;
+  void* p_ = nullptr;
+};
+
+}  // namespace qf

@@ -1,0 +1,27 @@
+#pragma once
+#include <string>
+
+namespace CLI {
+class App;
+}
+
+namespace qf::cli {
+
+struct RunArgs {
+  std::string model, prompt, prompt_file, draft = "auto", device = "auto", stats_json, trace;
+  int max_tokens = 128, draft_k = -1, max_context = 4096;
+  bool chat = false, no_think = false, stats = false, no_stop = false;
+};
+void add_run_options(CLI::App* cmd, RunArgs& a);
+int cmd_run(const RunArgs& a);
+
+struct TokenizeArgs {
+  std::string tokenizer, text, file;
+  bool no_special = false;
+};
+int cmd_tokenize(const TokenizeArgs& a);
+int cmd_inspect(const std::string& dir);
+
+std::string read_file_or_throw(const std::string& path);
+
+}  // namespace qf::cli

@@ -1,0 +1,130 @@
+#include "model/blocks.h"
+
+#include <cmath>
+
+namespace qf {
+
+static DeviceBuffer fbuf(Backend* be, size_t n) { return DeviceBuffer(be, n * sizeof(float)); }
+
+void BlockScratch::allocate(Backend* be, int r, int H, const AttnDims& ad, const GdnDims* gd, int I) {
+  rows = r;
+  const size_t R = static_cast<size_t>(r);
+  a = fbuf(be, R * H);
+  o = fbuf(be, R * H);
+  qg = fbuf(be, R * ad.n_heads * 2 * ad.head_dim);
+  q = fbuf(be, R * ad.n_heads * ad.head_dim);
+  gate = fbuf(be, R * ad.n_heads * ad.head_dim);
+  attn = fbuf(be, R * ad.n_heads * ad.head_dim);
+  k = fbuf(be, R * ad.n_kv_heads * ad.head_dim);
+  v = fbuf(be, R * ad.n_kv_heads * ad.head_dim);
+  g = fbuf(be, R * I);
+  u = fbuf(be, R * I);
+  if (gd) {
+    mixed = fbuf(be, R * gd->conv_dim());
+    z = fbuf(be, R * gd->value_dim());
+    y = fbuf(be, R * gd->value_dim());
+    alpha = fbuf(be, R * gd->n_v_heads);
+    beta = fbuf(be, R * gd->n_v_heads);
+  }
+}
+
+LayerWeights load_layer(WeightSet& ws, const std::string& p, bool full, int H, int I, const AttnDims& ad,
+                        const GdnDims& gd, NormForm nf) {
+  LayerWeights w;
+  w.full_attention = full;
+  w.in_norm = ws.norm(p + "input_layernorm.weight", H, nf);
+  w.post_norm = ws.norm(p + "post_attention_layernorm.weight", H, nf);
+  if (full) {
+    const int qd = ad.n_heads * ad.head_dim, kd = ad.n_kv_heads * ad.head_dim;
+    w.attn.q = ws.matrix(p + "self_attn.q_proj.weight", 2 * qd, H);
+    w.attn.k = ws.matrix(p + "self_attn.k_proj.weight", kd, H);
+    w.attn.v = ws.matrix(p + "self_attn.v_proj.weight", kd, H);
+    w.attn.o = ws.matrix(p + "self_attn.o_proj.weight", H, qd);
+    w.attn.q_norm = ws.norm(p + "self_attn.q_norm.weight", ad.head_dim, nf);
+    w.attn.k_norm = ws.norm(p + "self_attn.k_norm.weight", ad.head_dim, nf);
+  } else {
+    const std::string g = p + "linear_attn.";
+    w.gdn.qkv = ws.matrix(g + "in_proj_qkv.weight", gd.conv_dim(), H);
+    w.gdn.z = ws.matrix(g + "in_proj_z.weight", gd.value_dim(), H);
+    w.gdn.a = ws.matrix(g + "in_proj_a.weight", gd.n_v_heads, H);
+    w.gdn.b = ws.matrix(g + "in_proj_b.weight", gd.n_v_heads, H);
+    w.gdn.out = ws.matrix(g + "out_proj.weight", H, gd.value_dim());
+    // HF stores conv1d as [C, 1, K]; mlx as [C, K, 1]. Both are C*K floats with K fastest.
+    const std::string cn = g + "conv1d.weight";
+    const TensorInfo* ct = ws.store().find(cn);
+    std::vector<int64_t> cshape = {gd.conv_dim(), 1, gd.conv_kernel};
+    if (ct && ct->shape.size() == 3 && ct->shape[2] == 1 && ct->shape[1] == gd.conv_kernel)
+      cshape = {gd.conv_dim(), gd.conv_kernel, 1};
+    w.gdn.conv_w = ws.f32_tensor(cn, cshape);
+    w.gdn.A_log = ws.f32_tensor(g + "A_log", {gd.n_v_heads});
+    w.gdn.dt_bias = ws.f32_tensor(g + "dt_bias", {gd.n_v_heads});
+    w.gdn.norm = ws.norm(g + "norm.weight", gd.d_v, NormForm::Full);  // plain: never shifted
+  }
+  w.mlp.gate = ws.matrix(p + "mlp.gate_proj.weight", I, H);
+  w.mlp.up = ws.matrix(p + "mlp.up_proj.weight", I, H);
+  w.mlp.down = ws.matrix(p + "mlp.down_proj.weight", H, I);
+  return w;
+}
+
+static void dump_rows(const DumpHook* dump, const std::string& name, const float* p, size_t n) {
+  if (dump && *dump) (*dump)(name, p, n);
+}
+
+static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, int M, const AttnDims& ad,
+                            float eps, const LayerIO& io) {
+  const int nh = ad.n_heads, nkv = ad.n_kv_heads, hd = ad.head_dim;
+  be.matmul(w.q, s.a.f(), s.qg.f(), M);
+  be.matmul(w.k, s.a.f(), s.k.f(), M);
+  be.matmul(w.v, s.a.f(), s.v.f(), M);
+  be.split_qgate(s.qg.f(), s.q.f(), s.gate.f(), M, nh, hd);
+  be.rmsnorm(s.q.f(), w.q_norm.ptr(), s.q.f(), M * nh, hd, eps);
+  be.rmsnorm(s.k.f(), w.k_norm.ptr(), s.k.f(), M * nkv, hd, eps);
+  be.rope(s.q.f(), M, nh, hd, ad.rot_dim, ad.theta, io.meta);
+  be.rope(s.k.f(), M, nkv, hd, ad.rot_dim, ad.theta, io.meta);
+  be.kv_write(io.kcache, s.k.f(), M, nkv * hd, io.meta);
+  be.kv_write(io.vcache, s.v.f(), M, nkv * hd, io.meta);
+  AttnParams p;
+  p.n_heads = nh;
+  p.n_kv_heads = nkv;
+  p.head_dim = hd;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  p.causal = true;
+  p.window = io.window;
+  be.attention(s.q.f(), io.kcache, io.vcache, s.attn.f(), M, p, io.meta);
+  be.sigmoid_mul(s.attn.f(), s.gate.f(), static_cast<size_t>(M) * nh * hd);
+  be.matmul(w.o, s.attn.f(), s.o.f(), M);
+}
+
+static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, int M, const GdnDims& gd,
+                           float eps, const LayerIO& io) {
+  be.matmul(w.qkv, s.a.f(), s.mixed.f(), M);
+  be.matmul(w.z, s.a.f(), s.z.f(), M);
+  be.matmul(w.a, s.a.f(), s.alpha.f(), M);
+  be.matmul(w.b, s.a.f(), s.beta.f(), M);
+  be.gdn_rows(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd,
+              io.gdn_state, s.y.f(), M, io.capture);
+  be.rmsnorm_gated(s.y.f(), s.z.f(), w.norm.ptr(), s.y.f(), M * gd.n_v_heads, gd.d_v, eps);
+  be.matmul(w.out, s.y.f(), s.o.f(), M);
+}
+
+void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h, int M, int H, int I,
+                   const AttnDims& ad, const GdnDims& gd, float eps, const LayerIO& io,
+                   const DumpHook* dump, const std::string& name) {
+  const size_t MH = static_cast<size_t>(M) * H;
+  be.rmsnorm(h, w.in_norm.ptr(), s.a.f(), M, H, eps);
+  if (w.full_attention)
+    gated_attention(be, w.attn, s, M, ad, eps, io);
+  else
+    gated_deltanet(be, w.gdn, s, M, gd, eps, io);
+  dump_rows(dump, name + ".mixer_out", s.o.f(), MH);
+  be.add(h, s.o.f(), MH);
+  be.rmsnorm(h, w.post_norm.ptr(), s.a.f(), M, H, eps);
+  be.matmul(w.mlp.gate, s.a.f(), s.g.f(), M);
+  be.matmul(w.mlp.up, s.a.f(), s.u.f(), M);
+  be.swiglu(s.g.f(), s.u.f(), s.g.f(), static_cast<size_t>(M) * I);
+  be.matmul(w.mlp.down, s.g.f(), s.o.f(), M);
+  be.add(h, s.o.f(), MH);
+  dump_rows(dump, name + ".out", h, MH);
+}
+
+}  // namespace qf

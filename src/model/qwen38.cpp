@@ -1,0 +1,188 @@
+#include "model/qwen38.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace qf {
+
+const char* target_layout_name(TargetLayout l) {
+  switch (l) {
+    case TargetLayout::Text: return "text (model.*)";
+    case TargetLayout::Multimodal: return "multimodal (model.language_model.*)";
+    case TargetLayout::Mlx: return "mlx (language_model.model.*)";
+  }
+  return "?";
+}
+
+Qwen38Model::~Qwen38Model() = default;
+
+std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* be, int max_rows) {
+  std::unique_ptr<Qwen38Model> m(new Qwen38Model());
+  m->be_ = be;
+  m->max_rows_ = max_rows;
+  m->cfg_ = load_target_config(dir);  // guards run before any weights file is opened
+  const TargetConfig& c = m->cfg_;
+  m->store_ = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
+  const TensorStore& st = *m->store_;
+
+  std::string lm_name;
+  if (st.find("model.language_model.embed_tokens.weight")) {
+    m->layout_ = TargetLayout::Multimodal;
+    m->prefix_ = "model.language_model.";
+    lm_name = "lm_head.weight";
+  } else if (st.find("language_model.model.embed_tokens.weight")) {
+    m->layout_ = TargetLayout::Mlx;
+    m->prefix_ = "language_model.model.";
+    lm_name = "language_model.lm_head.weight";
+    m->norm_form_ = NormForm::Full;  // mlx-vlm's conversion already added the +1
+  } else if (st.find("model.embed_tokens.weight")) {
+    m->layout_ = TargetLayout::Text;
+    m->prefix_ = "model.";
+    lm_name = "lm_head.weight";
+  } else {
+    fail(ErrorKind::Tensor,
+         "%s: no embedding tensor found (looked for model.embed_tokens.weight, "
+         "model.language_model.embed_tokens.weight, language_model.model.embed_tokens.weight; %zu tensors)",
+         dir.c_str(), st.size());
+  }
+  if (c.tie_word_embeddings && !st.find(lm_name)) lm_name = m->prefix_ + "embed_tokens.weight";
+
+  m->ad_.n_heads = c.num_attention_heads;
+  m->ad_.n_kv_heads = c.num_key_value_heads;
+  m->ad_.head_dim = c.head_dim;
+  m->ad_.rot_dim = c.rotary_dim;
+  m->ad_.theta = static_cast<float>(c.rope_theta);
+  m->gd_.n_k_heads = c.linear_num_key_heads;
+  m->gd_.n_v_heads = c.linear_num_value_heads;
+  m->gd_.d_k = c.linear_key_head_dim;
+  m->gd_.d_v = c.linear_value_head_dim;
+  m->gd_.conv_kernel = c.linear_conv_kernel_dim;
+
+  m->ws_ = std::make_unique<WeightSet>(be, m->store_.get());
+  WeightSet& ws = *m->ws_;
+  const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  Progress progress("loading target", static_cast<size_t>(c.num_hidden_layers) + 2);
+  m->embed_ = ws.matrix(m->prefix_ + "embed_tokens.weight", V, H);
+  m->lm_head_ = ws.matrix(lm_name, V, H);
+  m->final_norm_ = ws.norm(m->prefix_ + "norm.weight", H, m->norm_form_);
+  progress.add(2);
+  int n_full = 0, n_gdn = 0;
+  for (int L = 0; L < c.num_hidden_layers; L++) {
+    const bool full = c.full_attention[L];
+    m->layers_.push_back(load_layer(ws, m->prefix_ + "layers." + std::to_string(L) + ".", full, H, I,
+                                    m->ad_, m->gd_, m->norm_form_));
+    m->layer_slot_.push_back(full ? n_full++ : n_gdn++);
+    progress.add(1);
+  }
+  progress.done();
+  m->has_mtp_ = c.mtp_num_hidden_layers > 0 && st.find("mtp.fc.weight") != nullptr;
+
+  const size_t R = static_cast<size_t>(max_rows);
+  m->scratch_.allocate(be, max_rows, H, m->ad_, &m->gd_, I);
+  m->ids_ = DeviceBuffer(be, R * sizeof(int32_t));
+  m->meta_ = DeviceBuffer(be, sizeof(StepMeta));
+  m->h_ = DeviceBuffer(be, R * H * sizeof(float));
+  m->hidden_final_ = DeviceBuffer(be, R * H * sizeof(float));
+  m->logits_ = DeviceBuffer(be, R * V * sizeof(float));
+  m->argmax_ = DeviceBuffer(be, R * sizeof(int32_t));
+  log_info("target: %s, layout %s, %d layers (%d attention, %d deltanet), hidden %d, vocab %d, %.1f MB of weights%s",
+           dir.c_str(), target_layout_name(m->layout_), c.num_hidden_layers, n_full, n_gdn, H, V,
+           ws.imported_bytes() / 1e6, m->has_mtp_ ? ", MTP head present" : "");
+  return m;
+}
+
+void Qwen38Model::set_taps(const std::vector<int>& ids) {
+  for (int id : ids)
+    if (id < 0 || id >= cfg_.num_hidden_layers)
+      fail(ErrorKind::Config, "tap layer %d outside the target's %d layers", id, cfg_.num_hidden_layers);
+  tap_ids_ = ids;
+  taps_ = DeviceBuffer(be_, static_cast<size_t>(max_rows_) * ids.size() * cfg_.hidden_size * sizeof(float));
+}
+
+std::unique_ptr<TargetState> Qwen38Model::new_state(int max_pos, int capture_slots) const {
+  auto st = std::make_unique<TargetState>();
+  st->max_pos = max_pos;
+  st->capture_slots = capture_slots;
+  const size_t kvw = static_cast<size_t>(ad_.n_kv_heads) * ad_.head_dim;
+  for (size_t L = 0; L < layers_.size(); L++) {
+    if (layers_[L].full_attention) {
+      st->kcache.emplace_back(be_, static_cast<size_t>(max_pos) * kvw * sizeof(float));
+      st->vcache.emplace_back(be_, static_cast<size_t>(max_pos) * kvw * sizeof(float));
+    } else {
+      st->gdn.emplace_back(be_, gd_.state_floats() * sizeof(float));
+      if (capture_slots > 0)
+        st->capture.emplace_back(be_, static_cast<size_t>(capture_slots) * gd_.state_floats() * sizeof(float));
+    }
+  }
+  return st;
+}
+
+void Qwen38Model::reset(TargetState& st) const {
+  for (auto& b : st.gdn) be_->fill_zero(b.get(), b.bytes());
+  st.pos = 0;  // KV rows past pos are never read
+}
+
+void Qwen38Model::forward(TargetState& st, const int32_t* host_tokens, int M, const ForwardOpts& o,
+                          const DumpHook* dump) {
+  QF_CHECK(M >= 1 && M <= max_rows_, "forward of %d rows (max %d)", M, max_rows_);
+  if (st.pos + M > st.max_pos)
+    fail(ErrorKind::Usage, "context full: %d + %d tokens exceed the %d positions allocated", st.pos, M,
+         st.max_pos);
+  if (o.capture && M > st.capture_slots)
+    fail(ErrorKind::Internal, "verify of %d rows needs %d capture slots, state has %d", M, M, st.capture_slots);
+  if (o.taps && tap_ids_.empty()) fail(ErrorKind::Internal, "forward asked for taps but none are set");
+  const TargetConfig& c = cfg_;
+  const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Backend& be = *be_;
+  for (int i = 0; i < M; i++)
+    if (host_tokens[i] < 0 || host_tokens[i] >= V)
+      fail(ErrorKind::Usage, "token id %d outside the vocabulary (%d)", host_tokens[i], V);
+  be.upload(ids_.get(), host_tokens, M * sizeof(int32_t));
+  StepMeta meta{st.pos, 0, st.pos + M, 0};
+  be.upload(meta_.get(), &meta, sizeof(meta));
+
+  float* h = h_.f();
+  be.embed(embed_, ids_.i(), h, M);
+  if (dump && *dump) (*dump)("embed", h, static_cast<size_t>(M) * H);
+  const int nt = static_cast<int>(tap_ids_.size());
+  for (size_t L = 0; L < layers_.size(); L++) {
+    LayerIO io;
+    io.meta = this->meta();
+    const int slot = layer_slot_[L];
+    if (layers_[L].full_attention) {
+      io.kcache = st.kcache[slot].f();
+      io.vcache = st.vcache[slot].f();
+    } else {
+      io.gdn_state = st.gdn[slot].f();
+      io.capture = o.capture ? st.capture[slot].f() : nullptr;
+    }
+    decoder_layer(be, layers_[L], scratch_, h, M, H, I, ad_, gd_, eps, io, dump,
+                  "layer." + std::to_string(L));
+    if (o.taps)
+      for (int t = 0; t < nt; t++)
+        if (tap_ids_[t] == static_cast<int>(L)) be.copy_2d(taps_.f() + t * H, nt * H, h, H, M, H);
+  }
+  st.pos += M;
+  if (!o.lm_head && !o.final_hidden) return;
+  // Final norm over every row (MTP reads them all); the head only over the rows asked for.
+  be.rmsnorm(h, final_norm_.ptr(), hidden_final_.f(), M, H, eps);
+  if (dump && *dump) (*dump)("final_hidden", hidden_final_.f(), static_cast<size_t>(M) * H);
+  if (!o.lm_head) return;
+  const int r0 = o.logits_last_only ? M - 1 : 0, nr = M - r0;
+  be.matmul(lm_head_, hidden_final_.f() + static_cast<size_t>(r0) * H, logits_.f(), nr);
+  if (dump && *dump) (*dump)("logits", logits_.f(), static_cast<size_t>(nr) * V);
+  be.argmax_rows(logits_.f(), nr, V, argmax_.i());
+}
+
+void Qwen38Model::rollback(TargetState& st, int slot, int pos) const {
+  QF_CHECK(slot >= 0 && slot < st.capture_slots, "rollback slot %d of %d", slot, st.capture_slots);
+  const size_t bytes = gd_.state_floats() * sizeof(float);
+  for (size_t i = 0; i < st.gdn.size(); i++)
+    be_->copy(st.gdn[i].get(), static_cast<const char*>(st.capture[i].get()) + slot * bytes, bytes);
+  st.pos = pos;
+}
+
+}  // namespace qf

@@ -1,0 +1,73 @@
+#include "runtime/engine.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace qf {
+
+namespace fs = std::filesystem;
+
+std::string default_model_dir() {
+  if (const char* e = std::getenv("QFLASH_MODEL"); e && *e) return e;
+#ifdef QFLASH_SOURCE_DIR
+  return std::string(QFLASH_SOURCE_DIR) + "/models/demo";
+#else
+  return "models/demo";
+#endif
+}
+
+std::string resolve_draft(const std::string& requested, const std::string& model_dir, bool has_mtp) {
+  std::string r = requested;
+  if (r == "auto")
+    if (const char* e = std::getenv("QFLASH_DRAFT"); e && *e) r = e;
+  if (r != "auto") return r;
+  if (const char* e = std::getenv("QFLASH_DFLASH2_DIR"); e && *e) return e;
+  if (fs::exists(fs::path(model_dir) / "drafter" / "config.json")) return (fs::path(model_dir) / "drafter").string();
+  return has_mtp ? "mtp" : "none";
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return make_cpu_backend();
+  std::string why;
+  if (device == "cuda") {
+    auto b = make_cuda_backend(&why);
+    if (!b) fail(ErrorKind::Backend, "--device cuda: %s", why.c_str());
+    return b;
+  }
+  if (device != "auto") fail(ErrorKind::Usage, "--device must be auto, cpu or cuda (got '%s')", device.c_str());
+  if (auto b = make_cuda_backend(&why)) return b;
+  log_debug("no CUDA device: %s; using the CPU", why.c_str());
+  return make_cpu_backend();
+}
+
+std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
+  auto e = std::make_unique<Engine>();
+  e->model_dir_ = opt.model_dir.empty() ? default_model_dir() : opt.model_dir;
+  if (!fs::exists(fs::path(e->model_dir_) / "config.json"))
+    fail(ErrorKind::Io, "model folder '%s' has no config.json", e->model_dir_.c_str());
+  e->be_ = make_backend(opt.device);
+  e->tok_ = std::make_unique<Tokenizer>(Tokenizer::load(e->model_dir_));
+  e->target_ = Qwen38Model::load(e->model_dir_, e->be_.get(), opt.max_rows);
+  e->draft_ = resolve_draft(opt.draft, e->model_dir_, e->target_->has_mtp());
+  if (e->draft_ == "mtp") {
+    e->source_ = std::make_unique<MtpDraftSource>(*e->target_, opt.max_context);
+  } else if (e->draft_ != "none") {
+    e->source_ = std::make_unique<DFlashDraftSource>(DFlash2Drafter::load(e->draft_, *e->target_));
+  }
+  e->gen_ = std::make_unique<Generator>(*e->target_, e->source_.get(), opt.max_context);
+  log_info("backend %s, draft %s", e->be_->name().c_str(), e->source_ ? e->source_->name().c_str() : "none");
+  return e;
+}
+
+std::vector<int32_t> Engine::stop_ids() const {
+  std::vector<int32_t> s = tok_->eos_ids();
+  for (int id : target_->config().eos_token_ids)
+    if (std::find(s.begin(), s.end(), id) == s.end()) s.push_back(id);
+  return s;
+}
+
+}  // namespace qf

@@ -1,0 +1,69 @@
+#include "runtime/stats.h"
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace qf {
+
+double GenStats::tau() const {
+  if (accept_lengths.empty()) return 0;
+  double s = 0;
+  for (int a : accept_lengths) s += a;
+  return s / static_cast<double>(accept_lengths.size());
+}
+
+double GenStats::tokens_per_second() const {
+  return total_decode_ms > 0 ? generated_tokens / (total_decode_ms / 1000.0) : 0;
+}
+
+std::vector<double> GenStats::accept_profile() const {
+  std::vector<double> p(accept_at.size(), 0.0);
+  for (size_t j = 0; j < accept_at.size(); j++)
+    p[j] = drafted_at[j] > 0 ? static_cast<double>(accept_at[j]) / static_cast<double>(drafted_at[j]) : 0.0;
+  return p;
+}
+
+std::string GenStats::to_json() const {
+  nlohmann::json j;
+  j["draft"] = draft;
+  j["k"] = k;
+  j["prompt_tokens"] = prompt_tokens;
+  j["generated_tokens"] = generated_tokens;
+  j["rounds"] = rounds;
+  j["drafted"] = drafted;
+  j["accepted"] = accepted;
+  j["tau"] = tau();
+  j["accept_profile"] = accept_profile();
+  j["accept_lengths"] = accept_lengths;
+  j["tokens_per_second"] = tokens_per_second();
+  j["phases_ms"] = {{"prefill", prefill_ms}, {"draft", draft_ms}, {"verify", verify_ms},
+                    {"accept", accept_ms}, {"decode_total", total_decode_ms}};
+  j["stop_reason"] = stop_reason;
+  return j.dump();
+}
+
+std::string GenStats::to_table() const {
+  std::string s;
+  s += strf("draft source      %s (k = %d)\n", draft.c_str(), k);
+  s += strf("prompt tokens     %d\n", prompt_tokens);
+  s += strf("generated tokens  %d (%s)\n", generated_tokens, stop_reason.c_str());
+  s += strf("rounds            %d\n", rounds);
+  s += strf("drafted/accepted  %lld / %lld", (long long)drafted, (long long)accepted);
+  if (drafted > 0) s += strf(" (%.1f%%)", 100.0 * accepted / drafted);
+  s += "\n";
+  s += strf("tau               %.3f tokens per target pass\n", tau());
+  auto prof = accept_profile();
+  if (!prof.empty()) {
+    s += "accept profile   ";
+    for (size_t j = 0; j < prof.size(); j++) s += strf(" d%zu:%.2f", j + 1, prof[j]);
+    s += "\n";
+  }
+  s += strf("phases (ms)       prefill %.1f | draft %.1f | verify %.1f | accept+rollback %.1f\n", prefill_ms,
+            draft_ms, verify_ms, accept_ms);
+  s += strf("decode speed      %.2f tokens/s (%.2f ms/token)\n", tokens_per_second(),
+            generated_tokens > 0 ? total_decode_ms / generated_tokens : 0.0);
+  return s;
+}
+
+}  // namespace qf

@@ -1,0 +1,129 @@
+// Target parity with Hugging Face transformers (tools/reference/make_target_fixtures.py): bf16
+// weights, fp32 compute on both sides. Tolerance: 1e-4 x max|ref| per tensor — fp32 rounding
+// over a few layers (the reference's own chunked vs recurrent paths differ by ~3e-5); tokens exact.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "backend/backend.h"
+#include "model/mtp.h"
+#include "model/qwen38.h"
+#include "runtime/generate.h"
+#include "support/fixtures.h"
+
+namespace qf {
+namespace {
+
+constexpr double kTol = 1e-4;
+constexpr int kPrefix = 8;
+
+std::vector<float> dl(Backend& be, const float* p, size_t n) {
+  std::vector<float> v(n);
+  be.download(v.data(), p, n * 4);
+  return v;
+}
+
+class TargetParity : public ::testing::TestWithParam<std::string> {};
+
+// micro_mm holds micro's weights in the published multimodal layout: same reference.
+std::string reference_of(const std::string& name) {
+  return test::source_path("tests/fixtures/target/" + std::string(name == "micro_mm" ? "micro" : name) +
+                           "/reference.safetensors");
+}
+
+TEST_P(TargetParity, PrefillLogitsAndHiddenStatesMatchTransformers) {
+  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
+  test::Fixture ref(reference_of(GetParam()));
+  auto be = make_cpu_backend();
+  auto m = Qwen38Model::load(dir, be.get(), 64);
+  const auto tokens = ref.i32("tokens");
+  const int T = static_cast<int>(tokens.size()), H = m->config().hidden_size, V = m->config().vocab_size;
+  std::map<std::string, std::vector<float>> dumps;
+  DumpHook hook = [&](const std::string& name, const float* p, size_t n) { dumps[name] = dl(*be, p, n); };
+  auto st = m->new_state(128, 0);
+  m->forward(*st, tokens.data(), T, ForwardOpts{}, &hook);
+  EXPECT_TRUE(test::close_rel(dl(*be, m->logits(), static_cast<size_t>(T) * V), ref.f32("prefill_logits"), kTol, "prefill logits"));
+  EXPECT_TRUE(test::close_rel(dumps["embed"], ref.f32("hidden.0"), kTol, "embeddings"));
+  const int L = m->config().num_hidden_layers;
+  for (int l = 1; l < L; l++)
+    EXPECT_TRUE(test::close_rel(dumps["layer." + std::to_string(l - 1) + ".out"], ref.f32("hidden." + std::to_string(l)),
+                                kTol, "output of layer " + std::to_string(l - 1)));
+  EXPECT_TRUE(test::close_rel(dumps["layer." + std::to_string(L - 1) + ".out"], ref.f32("last_layer_out"), kTol, "last layer"));
+  EXPECT_TRUE(test::close_rel(dumps["final_hidden"], ref.f32("final_hidden"), kTol, "final hidden"));
+  (void)H;
+}
+
+TEST_P(TargetParity, StepByStepDecodeMatchesTransformersCache) {
+  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
+  test::Fixture ref(reference_of(GetParam()));
+  auto be = make_cpu_backend();
+  auto m = Qwen38Model::load(dir, be.get(), 64);
+  const auto tokens = ref.i32("tokens");
+  const int T = static_cast<int>(tokens.size()), V = m->config().vocab_size;
+  auto st = m->new_state(128, 0);
+  ForwardOpts pre;
+  pre.lm_head = false;
+  m->forward(*st, tokens.data(), kPrefix, pre);
+  std::vector<float> steps;
+  for (int i = kPrefix; i < T; i++) {
+    m->forward(*st, &tokens[i], 1, ForwardOpts{});
+    auto row = dl(*be, m->logits(), V);
+    steps.insert(steps.end(), row.begin(), row.end());
+  }
+  EXPECT_TRUE(test::close_rel(steps, ref.f32("step_logits"), kTol, "step logits"));
+}
+
+TEST_P(TargetParity, GreedyTokensMatchTransformersFor64Steps) {
+  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
+  test::Fixture ref(reference_of(GetParam()));
+  auto be = make_cpu_backend();
+  auto m = Qwen38Model::load(dir, be.get(), 64);
+  const auto tokens = ref.i32("tokens");
+  const auto want = ref.i32("greedy_tokens");
+  Generator g(*m, nullptr, 256);
+  GenerateOptions o;
+  o.max_new_tokens = static_cast<int>(want.size());
+  std::vector<int32_t> got;
+  g.generate(std::vector<int32_t>(tokens.begin(), tokens.begin() + kPrefix), o, [&](int32_t t) {
+    got.push_back(t);
+    return true;
+  });
+  EXPECT_EQ(got, want);
+}
+
+TEST_P(TargetParity, MtpHeadMatchesReference) {
+  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
+  test::Fixture ref(reference_of(GetParam()));
+  auto be = make_cpu_backend();
+  auto m = Qwen38Model::load(dir, be.get(), 64);
+  ASSERT_TRUE(m->has_mtp());
+  auto head = MtpHead::load(*m, 128);
+  const auto tokens = ref.i32("tokens");
+  const int T = static_cast<int>(tokens.size()), H = m->config().hidden_size, V = m->config().vocab_size;
+  const auto fh = ref.f32("final_hidden");
+  DeviceBuffer hid(be.get(), fh.size() * 4);
+  be->upload(hid.get(), fh.data(), fh.size() * 4);
+  // pairs (tokens[j+1], final_hidden[j]) at positions j = 0..T-2
+  head->forward(tokens.data() + 1, hid.f(), T - 1, 0);
+  EXPECT_TRUE(test::close_rel(dl(*be, head->logits(), static_cast<size_t>(T - 1) * V), ref.f32("mtp_logits"), kTol, "mtp logits"));
+  EXPECT_TRUE(test::close_rel(dl(*be, head->out_hidden(), static_cast<size_t>(T - 1) * H), ref.f32("mtp_hidden"), kTol, "mtp hidden"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, TargetParity, ::testing::Values("micro", "micro_mm", "odd"));
+
+TEST(TargetLayouts, MultimodalAndTextLayoutsGiveIdenticalLogits) {
+  auto be = make_cpu_backend();
+  auto a = Qwen38Model::load(test::source_path("tests/fixtures/target/micro"), be.get(), 64);
+  auto b = Qwen38Model::load(test::source_path("tests/fixtures/target/micro_mm"), be.get(), 64);
+  EXPECT_EQ(a->layout(), TargetLayout::Text);
+  EXPECT_EQ(b->layout(), TargetLayout::Multimodal);
+  std::vector<int32_t> toks = {1, 5, 9, 200, 3, 77};
+  auto sa = a->new_state(16, 0), sb = b->new_state(16, 0);
+  a->forward(*sa, toks.data(), 6, ForwardOpts{});
+  b->forward(*sb, toks.data(), 6, ForwardOpts{});
+  const size_t n = 6 * static_cast<size_t>(a->config().vocab_size);
+  EXPECT_EQ(dl(*be, a->logits(), n), dl(*be, b->logits(), n));
+}
+
+}  // namespace
+}  // namespace qf

@@ -1,0 +1,369 @@
+"""Stage `package`: write OUT/demo/, the folder that becomes models/demo/.
+
+    demo/config.json, generation_config.json   transformers' own save_pretrained output
+                                               (text-only qwen3_5: model_type qwen3_5_text)
+    demo/model-0000i-of-0000n.safetensors      bf16, `model.*` + `lm_head.weight` + the 15 `mtp.*`
+    demo/model.safetensors.index.json          (shards <= 16 MiB; mtp.* in the last shard)
+    demo/tokenizer.json, tokenizer_config.json
+    demo/drafter/config.json, model.safetensors   DFlash2, published schema, bf16
+    demo/validation_prompts.jsonl              64 prompts from validation files
+    demo/MODEL_CARD.md
+
+Then everything is loaded back the way a user would (transformers from_pretrained,
+the tokenizer, MTPHead.load_mtp_tensors, dflash2_ref.load) and checked.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import common as C
+
+N_PROMPTS = 64
+PROMPT_MAX_CHARS = 200
+PROMPT_MAX_LINES = 3
+
+
+# ---------------------------------------------------------------------------
+# validation prompts
+# ---------------------------------------------------------------------------
+def prompt_starts(text: str) -> list[tuple[str, int]]:
+    """Candidate prompt starts of one file: its first non-empty line ('head'), then every
+    line that starts a def / class statement ('def'), in file order."""
+    lines = text.split("\n")
+    out = []
+    first = next((i for i, l in enumerate(lines) if l.strip()), None)
+    if first is not None:
+        out.append(("head", first))
+    for i, l in enumerate(lines):
+        if i != first and l.lstrip().startswith(("def ", "class ", "async def ")):
+            out.append(("def", i))
+    return out
+
+
+def prompt_at(text: str, start: int) -> str:
+    """Up to 3 consecutive non-empty lines from `start`, at most 200 characters, ending in '\\n'."""
+    lines = text.split("\n")
+    picked = []
+    total = 0
+    for l in lines[start : start + PROMPT_MAX_LINES]:
+        if not l.strip():
+            break
+        if picked and total + len(l) + 1 > PROMPT_MAX_CHARS:
+            break
+        picked.append(l[:PROMPT_MAX_CHARS])
+        total += len(picked[-1]) + 1
+    return "\n".join(picked) + "\n"
+
+
+def validation_prompts(val_texts: dict, n=N_PROMPTS):
+    """Round-robin over validation files in sorted path order: pass 0 takes each file's head,
+    pass k >= 1 each file's k-th def/class start, until n prompts (distinct texts)."""
+    files = sorted(val_texts)
+    starts = {f: prompt_starts(val_texts[f]) for f in files}
+    prompts, seen = [], set()
+    k = 0
+    while len(prompts) < n and any(k < len(s) for s in starts.values()):
+        for f in files:
+            if k < len(starts[f]) and len(prompts) < n:
+                kind, line = starts[f][k]
+                text = prompt_at(val_texts[f], line)
+                if text.strip() and text not in seen:
+                    seen.add(text)
+                    prompts.append({"file": f, "kind": kind, "line": line + 1, "text": text})
+        k += 1
+    return prompts
+
+
+# ---------------------------------------------------------------------------
+def run(args, log):
+    import torch
+    from safetensors.torch import load_file
+
+    out = Path(args.out)
+    for st in ("corpus", "target", "mtp", "drafter"):
+        C.require_stage(out, st)
+    t0 = time.time()
+    demo = out / "demo"
+    if demo.exists():
+        shutil.rmtree(demo)
+    demo.mkdir(parents=True)
+    mtp_ref = C.import_reference("mtp_ref")
+    R = C.import_reference("dflash2_ref")
+
+    # ---- target: transformers' own config/generation_config; weights sharded by us ----
+    model = C.build_target()
+    sd = load_file(str(out / "target" / "model.safetensors"))
+    missing, unexpected = model.load_state_dict(sd, strict=False)
+    assert not unexpected and all("inv_freq" in m for m in missing), (missing, unexpected)
+    model = model.to(torch.bfloat16)
+    with tempfile.TemporaryDirectory() as td:
+        model.save_pretrained(td, safe_serialization=True)
+        for name in ("config.json", "generation_config.json"):
+            if (Path(td) / name).exists():
+                shutil.copy(Path(td) / name, demo / name)
+        saved = {}
+        for f in sorted(Path(td).glob("*.safetensors")):
+            saved.update(load_file(str(f)))
+    # the names and values transformers itself writes
+    target_tensors = {k: saved[k].to(torch.bfloat16).contiguous() for k in saved}
+    assert "lm_head.weight" in target_tensors and all(k.startswith(("model.", "lm_head.")) for k in target_tensors)
+    for k, v in target_tensors.items():
+        assert torch.equal(v, sd[k].to(torch.bfloat16)), k
+    mtp_sd = load_file(str(out / "mtp" / "mtp.safetensors"))
+    mtp_tensors = {k: mtp_sd[k].to(torch.bfloat16).contiguous() for k in mtp_ref.MTP_TENSOR_NAMES}
+    tensors = dict(target_tensors)
+    tensors.update(mtp_tensors)  # mtp.* last, hence in the last shard
+    shards = C.save_sharded(tensors, demo, "model")
+    cfg_json = C.read_json(demo / "config.json")
+    assert cfg_json.get("model_type") == "qwen3_5_text", cfg_json.get("model_type")
+    log(f"package: target {len(target_tensors)} tensors + {len(mtp_tensors)} mtp tensors -> {shards}")
+
+    # ---- tokenizer ----
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(out / "tokenizer" / name, demo / name)
+
+    # ---- drafter ----
+    (demo / "drafter").mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(out / "drafter" / name, demo / "drafter" / name)
+
+    # ---- validation prompts ----
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(demo / "tokenizer.json"))
+    val_texts = C.read_json(out / "corpus" / "validation_texts.json")
+    prompts = validation_prompts(val_texts)
+    with open(demo / "validation_prompts.jsonl", "w", encoding="utf-8") as f:
+        for i, p in enumerate(prompts):
+            ids = tok.encode(p["text"], add_special_tokens=False).ids
+            f.write(json.dumps({"id": i, **p, "n_tokens": len(ids), "ids": ids}, ensure_ascii=False) + "\n")
+    n_files_used = len({p["file"] for p in prompts})
+    log(f"package: {len(prompts)} validation prompts from {n_files_used} validation files "
+        f"({sum(p['kind'] == 'head' for p in prompts)} file heads)")
+    if len(prompts) < N_PROMPTS:
+        log(f"package: WARNING only {len(prompts)} prompts available (< {N_PROMPTS})")
+
+    # ---- load back and check ----
+    checks = verify(demo, out, args, log)
+
+    # ---- model card + the training log ----
+    write_card(demo, out, args, prompts, checks)
+    shutil.copy(out / "train_log.txt", demo / "TRAIN_LOG.txt")
+    sizes = {str(p.relative_to(demo)): p.stat().st_size for p in sorted(demo.rglob("*")) if p.is_file()}
+    weights = sum(v for k, v in sizes.items() if k.endswith(".safetensors"))
+    assert all(v <= C.SHARD_LIMIT_BYTES for k, v in sizes.items() if k.endswith(".safetensors")), sizes
+    assert weights < 32_000_000, weights
+    log(f"package: wrote {demo} ({len(sizes)} files, weights {weights / 1e6:.2f} MB) in {time.time() - t0:.1f}s")
+    for k, v in sizes.items():
+        log(f"    {k:45s} {v:>10,d}")
+    return {"files": sizes, "weights_bytes": weights, "checks": checks, "prompts": len(prompts)}
+
+
+def verify(demo: Path, out: Path, args, log) -> dict:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, Qwen3_5ForCausalLM
+
+    mtp_ref = C.import_reference("mtp_ref")
+    R = C.import_reference("dflash2_ref")
+    checks = {}
+    # tokenizer through transformers
+    hf_tok = AutoTokenizer.from_pretrained(str(demo))
+    assert len(hf_tok) == C.VOCAB_SIZE, len(hf_tok)
+    assert hf_tok.eos_token == "<|endoftext|>" and hf_tok.convert_tokens_to_ids("<|mask|>") == C.MASK_ID
+    sample = "def f(x):\n    return x + 1  # ünïcödé\n"
+    ids = hf_tok(sample, add_special_tokens=False)["input_ids"]
+    assert hf_tok.decode(ids) == sample
+    checks["tokenizer_roundtrip"] = True
+    # target through from_pretrained (mtp.* is ignored by transformers), same logits as trained
+    m = Qwen3_5ForCausalLM.from_pretrained(str(demo), dtype=torch.float32).eval()
+    ref = C.load_target(out, "cpu", dtype=torch.float32)
+    sd_a, sd_b = m.state_dict(), ref.state_dict()
+    assert all(torch.equal(sd_a[k], sd_b[k]) for k in sd_b), "reloaded target differs"
+    val = C.load_tokens(out, "val")
+    w = torch.from_numpy(np.asarray(val[:129], dtype=np.int64))[None]
+    with torch.no_grad():
+        lg = m(input_ids=w[:, :-1]).logits
+        nll = torch.nn.functional.cross_entropy(lg[0], w[0, 1:]).item()
+    checks["target_from_pretrained"] = True
+    checks["target_first_window_nll"] = nll
+    # mtp tensors in the published schema
+    shard_tensors = {}
+    for f in sorted(demo.glob("model*.safetensors")):
+        shard_tensors.update(load_file(str(f)))
+    tc = C.read_json(demo / "config.json")
+    mtp = mtp_ref.MTPHead.from_text_config(tc).load_mtp_tensors(shard_tensors)
+    assert sum(1 for k in shard_tensors if k.startswith("mtp.")) == 15
+    checks["mtp_load_strict"] = True
+    # drafter through the reference loader
+    d = R.load(str(demo / "drafter"))
+    dcfg = C.read_json(demo / "drafter" / "config.json")
+    assert dcfg["architectures"] == ["DFlash2DraftModel"] and dcfg["model_type"] == "qwen3"
+    assert d.cfg.mask_token_id == C.MASK_ID and d.cfg.block_size == 8
+    dsd = load_file(str(demo / "drafter" / "model.safetensors"))
+    assert all(v.dtype == torch.bfloat16 for v in dsd.values())
+    assert "candidate_selector.predecessor_codebook" in dsd and "candidate_selector.successor_codebook" in dsd
+    checks["drafter_tensors"] = len(dsd)
+    checks["drafter_load"] = True
+    # index file consistency
+    idx = demo / "model.safetensors.index.json"
+    if idx.exists():
+        wm = C.read_json(idx)["weight_map"]
+        assert set(wm) == set(shard_tensors), "index weight_map mismatch"
+    log(f"package: load-back checks {checks}")
+    return checks
+
+
+def _fmt(x, nd=3):
+    return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
+
+
+def write_card(demo: Path, out: Path, args, prompts, checks):
+    man = C.read_json(out / "corpus" / "manifest.json")
+    tm = C.read_json(out / "target" / "metrics.json")
+    mm = C.read_json(out / "mtp" / "metrics.json")
+    gm = C.read_json(out / "gen" / "meta.json")
+    dm = C.read_json(out / "drafter" / "metrics.json")
+    dcfg = C.read_json(demo / "drafter" / "config.json")
+    runargs = C.read_json(C.stage_marker(out, "target")).get("args") or C.read_json(out / "args.json")
+    stages = {}
+    for st in ("corpus", "target", "mtp", "gen", "drafter"):
+        p = C.stage_marker(out, st)
+        if p.exists():
+            stages[st] = C.read_json(p).get("wall_seconds")
+    import torch
+    import transformers
+
+    tr, ho = dm["eval_train"], dm["eval_heldout"]
+
+    def row(name, a, b):
+        return f"| {name} | " + " ".join(f"{x:.3f}" for x in a) + " | " + " ".join(f"{x:.3f}" for x in b) + " |"
+
+    files = sorted(p for p in demo.rglob("*") if p.is_file() and p.name not in ("MODEL_CARD.md", "TRAIN_LOG.txt"))
+    ftable = "\n".join(
+        f"| `{p.relative_to(demo)}` | {p.stat().st_size:,} | `{C.file_sha256(p)[:16]}…` |" for p in files)
+    smoke_note = ("\n> **SMOKE RUN** (`--smoke`): tiny step counts on a corpus subset; these numbers mean "
+                  "nothing. Retrain without `--smoke` for the real demo.\n" if args.smoke else "")
+    card = f"""# qflash demo models: tiny Qwen3.5-architecture target + MTP head + DFlash2 drafter
+{smoke_note}
+Trained from scratch by `tools/train/train_all.py` (see `docs/experiments/demo_training.md`) on the
+Python source of the standard library of **Python {man['python_version']}** (`{man['stdlib']}`).
+They exist to exercise qflash end to end (tokenizer, hybrid GDN/attention target, MTP and
+DFlash2 speculative decoding) on real, non-random weights. They write Python-looking code and
+nothing else; there is no chat or instruction tuning (the chat special tokens exist but were never
+trained).
+
+## Data
+
+- Corpus: every `*.py` under the stdlib directory above, excluding any directory named
+  `site-packages`, `dist-packages` or `__pycache__` (nothing from site-packages is used, it is kept
+  for evaluation); files that are not UTF-8 are skipped ({man['n_files_not_utf8']} of {man['n_files_found']}).
+  Sorted relative paths, each file followed by `<|endoftext|>`.
+- Split: `{man['split_rule']}` (relative POSIX path).
+  Train {man['n_files']['train']} files / {man['bytes']['train']:,} bytes / {man['tokens']['train']:,} tokens;
+  validation {man['n_files']['val']} files / {man['bytes']['val']:,} bytes / {man['tokens']['val']:,} tokens.
+- `validation_prompts.jsonl`: {len(prompts)} prompts (`text`, token `ids` without BOS, source `file`,
+  1-based `line`): round-robin over the validation files in sorted order; pass 0 takes each file's first
+  non-empty lines, later passes the k-th `def`/`class` line of each file; up to 3 consecutive non-empty
+  lines, at most 200 characters, ending in a newline.
+
+## Tokenizer
+
+Byte-level BPE trained with `tokenizers` on the train split: NFC normalizer; pre-tokenizer
+Sequence[Split(Qwen3.5 regex, Isolated), ByteLevel(add_prefix_space=false, use_regex=false)];
+ByteLevel decoder. {C.N_BPE} BPE ids (0..{C.N_BPE - 1}) + specials
+`<|endoftext|>` {C.EOT_ID}, `<|im_start|>` {C.IM_START_ID}, `<|im_end|>` {C.IM_END_ID},
+`<think>` {C.THINK_ID}, `</think>` {C.END_THINK_ID}, `<|mask|>` {C.MASK_ID} (drafter mask token) = {C.VOCAB_SIZE} ids.
+No BOS is ever added; eos = `<|endoftext|>` (generation stops on {C.EOT_ID} and {C.IM_END_ID}).
+
+## Target (`config.json`, `model-*.safetensors`)
+
+`Qwen3_5ForCausalLM` (transformers {transformers.__version__}), shape of qwen38.md section 9: hidden 256,
+8 layers (full attention at 3 and 7, Gated DeltaNet elsewhere), attention heads 4 / KV 2 / head_dim 64,
+partial rotary 0.25, GDN key heads 2 / value heads 6 / dims 64, intermediate 768, vocab 8192,
+rope theta 1e7, untied; {tm['params']:,} parameters, stored bf16.
+
+| | |
+|---|---|
+| steps | {tm['steps']} (planned {tm['steps_planned']}) × {tm['batch']} sequences × {tm['seq']} tokens = {tm['tokens_seen']:,} tokens |
+| optimizer | AdamW (0.9, 0.95), lr {tm['lr']} warmup {runargs['target_warmup']} + cosine to 10%, wd {runargs['target_wd']} on matrices, clip 1.0, bf16 autocast |
+| kept checkpoint | step {tm.get('kept_step', tm['steps'])}: lowest validation perplexity among evaluations every {runargs.get('target_eval_every')} steps (curve: {', '.join(f"{st}: {pp:.2f}" for st, pp in tm.get('val_curve', []))}) |
+| train time | {tm['train_seconds']:.0f} s |
+| final train loss | {tm['final_train_loss']:.4f} |
+| **validation perplexity** | **{tm['val_ppl_bf16']:.3f}** with the shipped bf16 weights ({tm['val_ppl_fp32']:.3f} fp32 master weights), {tm['val_tokens']:,} tokens, non-overlapping {tm['seq']}-token windows |
+
+## MTP head (`mtp.*` in the last shard)
+
+One layer, published Qwen3.5/3.8 schema (15 tensors), `tools/reference/mtp_ref.py` `MTPHead`,
+trained {mm['steps']} steps ({mm['train_seconds']:.0f} s) on the frozen target: pair j = (t_(j+1), post-final-norm H_j)
+at position j predicts t_(j+2) (cross-entropy, teacher forced, single step).
+
+| validation (bf16 weights) | |
+|---|---|
+| loss | {mm['val_loss']:.4f} |
+| top-1 vs corpus token | {mm['val_top1_vs_corpus']:.4f} |
+| top-1 agreement with the target's greedy token (first-draft acceptance, teacher forced) | {mm['val_agree_with_target_greedy']:.4f} |
+| MTP tau measured by qflash | TBD-by-qflash |
+
+## DFlash2 drafter (`drafter/`)
+
+`tools/reference/dflash2_ref.py`, published schema (`DFlash2DraftModel`, `model_type` qwen3, bare codebooks, bf16):
+{dcfg['num_hidden_layers']} layers, hidden 256, heads 4/2/64, intermediate 768, `target_layer_ids`
+{dcfg['dflash_config']['target_layer_ids']}, block 8, mask {dcfg['dflash_config']['mask_token_id']}, conv Kc
+{dcfg['dflash_config']['conv_kernel_size']} group {dcfg['dflash_config']['conv_group_size']}, selector rank
+{dcfg['dflash_config']['selector_rank']} top-K {dcfg['dflash_config']['selector_top_k']}, sliding window
+{dcfg['sliding_window']} (non-causal); {dm['params']:,} parameters (embedding and LM head borrowed from the target).
+
+Self-distillation data: {gm['stats']['train']['sequences']:,} greedy target continuations
+({gm['stats']['train']['distinct_continuations']:,} distinct) of {gm['new_tokens']} tokens after random
+{gm['prompt_len']}-token windows of the train split; held out: {gm['stats']['heldout']['sequences']:,}
+continuations of windows of the validation split. Training: {dm['steps']} steps × {dm['batch']} sequences ×
+{dm['anchors_per_seq']} random anchors in the continuation ({dm['epochs']:.1f} epochs), slot weights
+exp(-(k-1)/{dm['gamma']}), selector loss weight {dm['alpha']}, AdamW lr {dm['lr']}, {dm['train_seconds']:.0f} s;
+final loss {dm['final_loss']:.4f} (base {dm['final_base_loss']:.4f}, selector {dm['final_selector_loss']:.4f}).
+
+Evaluation with an anchor at every continuation position whose block fits, bf16 weights, fp32 math
+({tr['sequences']} train / {ho['sequences']} held-out sequences):
+
+| metric (slots 1..7) | train | held-out |
+|---|---|---|
+{row('unary top-1', tr['slot_top1'], ho['slot_top1'])}
+{row('selector top-1 (teacher forced)', tr['slot_selector_top1'], ho['slot_selector_top1'])}
+{row('label in top-16', tr['slot_recall_top16'], ho['slot_recall_top16'])}
+
+| acceptance length (anchor counts 1, max 8) | train | held-out |
+|---|---|---|
+| tau_walk: greedy selector walk, mean over all anchors | {tr['tau_walk']:.3f} | {ho['tau_walk']:.3f} |
+| tau_unary: per-slot argmax, no selector | {tr['tau_unary']:.3f} | {ho['tau_unary']:.3f} |
+| tau_oracle: label in top-16 | {tr['tau_oracle_top16']:.3f} | {ho['tau_oracle_top16']:.3f} |
+| tau_sim: replayed greedy speculative decode, mean of per-request means | {tr['tau_sim']:.3f} | {ho['tau_sim']:.3f} |
+| tau measured by qflash on `validation_prompts.jsonl` | | TBD-by-qflash |
+| speedup measured by qflash | | TBD-by-qflash |
+
+## Reproduce
+
+```
+bash tools/train/train_all.sh OUT --stage part1   # corpus + tokenizer, target, mtp
+bash tools/train/train_all.sh OUT --stage part2   # gen, drafter, package -> OUT/demo
+```
+
+seed {runargs['seed']}; Python {man['python_version']}, torch {torch.__version__}, transformers {transformers.__version__};
+stage wall times (s): {json.dumps({k: round(v, 1) for k, v in stages.items() if v is not None})}.
+GPU kernels are not bit-deterministic, so a rerun gives close but not identical weights.
+The corpus depends on the Python version whose stdlib is read.
+
+## Files
+
+`TRAIN_LOG.txt` is the complete log of the run that produced these files.
+
+| file | bytes | sha256 |
+|---|---|---|
+{ftable}
+"""
+    (demo / "MODEL_CARD.md").write_text(card, encoding="utf-8")

@@ -1,0 +1,174 @@
+"""Stage `target`: train the tiny qwen3_5 target (transformers' Qwen3_5ForCausalLM)
+on random windows of the packed train stream.
+
+Recipe: fp32 master weights, bf16 autocast (GPU), AdamW (betas 0.9/0.95, weight
+decay on matrices only), linear warmup then cosine to 10% of the peak LR, grad
+clip 1.0. Each step draws `--target-batch` windows of `--target-seq`+1 tokens at
+uniformly random offsets of the train stream (documents are packed with
+<|endoftext|> between them; attention crosses document boundaries as in plain
+packed LM training).
+
+Outputs (OUT/target/): model.safetensors (bf16, the weights every later stage
+and the package use), config.json, metrics.json.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+
+import common as C
+
+
+def lr_at(step, total, peak, warmup, floor=0.1):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def param_groups(model, wd):
+    decay, no_decay = [], []
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def evaluate_ppl(model, tokens, seq, device, batch=32, max_windows=None):
+    """Mean next-token NLL over non-overlapping windows of the stream."""
+    import torch
+    import torch.nn.functional as F
+
+    n_win = (len(tokens) - 1) // seq
+    if max_windows is not None:
+        n_win = min(n_win, max_windows)
+    if n_win == 0:
+        return float("nan"), 0
+    was_training = model.training
+    model.eval()
+    tot, cnt = 0.0, 0
+    with torch.no_grad():
+        for b0 in range(0, n_win, batch):
+            idx = np.arange(b0, min(n_win, b0 + batch))
+            w = np.stack([np.asarray(tokens[i * seq : i * seq + seq + 1], dtype=np.int64) for i in idx])
+            w = torch.from_numpy(w).to(device)
+            with C.autocast_ctx(device):
+                logits = model(input_ids=w[:, :-1], use_cache=False).logits
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1), reduction="sum")
+            tot += loss.item()
+            cnt += w[:, 1:].numel()
+    model.train(was_training)
+    return math.exp(tot / cnt), cnt
+
+
+def run(args, log):
+    import torch
+    import torch.nn.functional as F
+
+    out = Path(args.out)
+    C.require_stage(out, "corpus")
+    device = C.pick_device(args.device)
+    C.setup_torch(device)
+    seed = C.stage_seed(args.seed, "target")
+    train = C.load_tokens(out, "train")
+    val = C.load_tokens(out, "val")
+
+    model = C.build_target(device=device)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"target: Qwen3_5ForCausalLM {n_params:,} params on {device}; seq {args.target_seq} batch {args.target_batch} "
+        f"({args.target_seq * args.target_batch:,} tokens/step) steps {args.target_steps} lr {args.target_lr}")
+    opt = torch.optim.AdamW(
+        param_groups(model, args.target_wd), lr=args.target_lr, betas=(0.9, 0.95), eps=1e-8,
+        fused=(device.type == "cuda"),
+    )
+    gen = np.random.default_rng(seed)
+    model.train()
+    t0 = time.time()
+    deadline = t0 + args.target_max_min * 60
+    log_every = max(1, args.target_steps // 40)
+    ema = None
+    step = 0
+    mw = 16 if args.smoke else None
+    curve = []
+    best = (0, float("inf"), None)
+    stopped_early = False
+    tokens_seen = 0
+    for step in range(args.target_steps):
+        lr = lr_at(step, args.target_steps, args.target_lr, args.target_warmup)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        w = torch.from_numpy(C.random_windows(train, args.target_batch, args.target_seq + 1, gen)).to(device, non_blocking=True)
+        with C.autocast_ctx(device):
+            logits = model(input_ids=w[:, :-1], use_cache=False).logits
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        tokens_seen += w[:, 1:].numel()
+        if step % log_every == 0 or step == args.target_steps - 1:
+            lv = loss.item()
+            ema = lv if ema is None else 0.9 * ema + 0.1 * lv
+            el = time.time() - t0
+            log(f"target step {step:5d}/{args.target_steps} loss {lv:.4f} lr {lr:.2e} gnorm {gnorm.item():.2f} "
+                f"{tokens_seen / el / 1e3:.0f}k tok/s {el / (step + 1):.3f}s/step")
+        last = step == args.target_steps - 1 or time.time() > deadline
+        if args.target_eval_every and ((step + 1) % args.target_eval_every == 0 or last):
+            ppl, _ = evaluate_ppl(model, val, args.target_seq, device, max_windows=mw)
+            curve.append((step + 1, ppl))
+            if ppl < best[1]:
+                best = (step + 1, ppl, {k: v.detach().clone() for k, v in model.state_dict().items()})
+            log(f"target step {step + 1}: val ppl {ppl:.3f} (best {best[1]:.3f} at step {best[0]})")
+        if time.time() > deadline:
+            log(f"target: wall-clock guard hit ({args.target_max_min} min) at step {step}; stopping early")
+            stopped_early = True
+            break
+    C.sync(device)
+    train_time = time.time() - t0
+    final_loss = loss.item()
+    final_step = step + 1
+    if best[2] is not None and best[0] != final_step:
+        log(f"target: keeping the best validation checkpoint (step {best[0]}, ppl {best[1]:.3f}) "
+            f"instead of the last (step {final_step})")
+        model.load_state_dict(best[2])
+    kept_step = best[0] if best[2] is not None else final_step
+
+    # evaluate with fp32 master weights, then with the bf16-rounded weights that ship
+    ppl32, nval = evaluate_ppl(model, val, args.target_seq, device, max_windows=mw)
+    sd = {k: v.detach().to(torch.bfloat16).cpu().contiguous() for k, v in model.state_dict().items()}
+    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    ppl16, _ = evaluate_ppl(model, val, args.target_seq, device, max_windows=mw)
+    trainppl16, ntr = evaluate_ppl(model, train, args.target_seq, device, max_windows=max(8, nval // args.target_seq))
+    log(f"target: trained {final_step} steps (kept step {kept_step}) in {C.fmt_s(train_time)}; final train loss {final_loss:.4f}; "
+        f"val ppl {ppl32:.3f} (fp32 weights) / {ppl16:.3f} (bf16 weights) over {nval:,} tokens; "
+        f"train-sample ppl {trainppl16:.3f}")
+    tdir = out / "target"
+    tdir.mkdir(parents=True, exist_ok=True)
+    from safetensors.torch import save_file
+
+    save_file(sd, str(tdir / "model.safetensors"), metadata={"format": "pt"})
+    model.config.to_json_file(str(tdir / "config.json"))
+    metrics = {
+        "params": n_params,
+        "steps": final_step,
+        "kept_step": kept_step,
+        "val_curve": curve,
+        "steps_planned": args.target_steps,
+        "stopped_early": stopped_early,
+        "seq": args.target_seq,
+        "batch": args.target_batch,
+        "tokens_seen": tokens_seen,
+        "train_seconds": train_time,
+        "final_train_loss": final_loss,
+        "val_ppl_fp32": ppl32,
+        "val_ppl_bf16": ppl16,
+        "val_tokens": nval,
+        "train_sample_ppl_bf16": trainppl16,
+        "lr": args.target_lr,
+    }
+    C.write_json(tdir / "metrics.json", metrics)
+    return metrics

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Train the qflash demo models (tiny qwen3_5 target + MTP head + DFlash2 drafter).
+
+One command trains everything:
+
+    python3 tools/train/train_all.py --out OUT_DIR              # all stages
+    python3 tools/train/train_all.py --out OUT_DIR --stage part1  # corpus,target,mtp
+    python3 tools/train/train_all.py --out OUT_DIR --stage part2  # gen,drafter,package
+
+Stages (in order): corpus (stdlib corpus + tokenizer + token streams), target,
+mtp, gen (target greedy continuations), drafter, package (writes OUT_DIR/demo/).
+Each stage writes OUT_DIR/stages/<stage>.json when it finishes; a finished
+stage is skipped on a re-run unless --force is given, so a run that was cut
+off resumes at the first unfinished stage. `--smoke` runs a tiny CPU-sized
+version end to end (a couple of minutes on 2 cores).
+
+Logs go to stdout and OUT_DIR/train_log.txt. See docs/experiments/demo_training.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("PYTHONUNBUFFERED", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+# never reach for a hub (the GPU box has no network)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common as C  # noqa: E402
+
+STAGES = ["corpus", "target", "mtp", "gen", "drafter", "package"]
+GROUPS = {
+    "all": STAGES,
+    "part1": ["corpus", "target", "mtp"],
+    "part2": ["gen", "drafter", "package"],
+}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", required=True, help="output directory (created)")
+    p.add_argument("--stage", default="all", help="all | part1 | part2 | comma list of " + ",".join(STAGES))
+    p.add_argument("--force", action="store_true", help="re-run stages already marked done")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU-sized run of every stage")
+    p.add_argument("--smoke-files", type=int, default=120, help="train files kept by --smoke")
+
+    g = p.add_argument_group("target")
+    g.add_argument("--target-steps", type=int, default=1600)
+    g.add_argument("--target-seq", type=int, default=512)
+    g.add_argument("--target-batch", type=int, default=64, help="sequences per step")
+    g.add_argument("--target-lr", type=float, default=2e-3)
+    g.add_argument("--target-warmup", type=int, default=100)
+    g.add_argument("--target-wd", type=float, default=0.1)
+    g.add_argument("--target-max-min", type=float, default=5.5, help="wall-clock guard for the training loop")
+    g.add_argument("--target-eval-every", type=int, default=100,
+                   help="validation perplexity every N steps; the best checkpoint is kept (0: off, keep last)")
+
+    g = p.add_argument_group("mtp")
+    g.add_argument("--mtp-steps", type=int, default=1000)
+    g.add_argument("--mtp-seq", type=int, default=512)
+    g.add_argument("--mtp-batch", type=int, default=64)
+    g.add_argument("--mtp-lr", type=float, default=2e-3)
+    g.add_argument("--mtp-max-min", type=float, default=1.3)
+
+    g = p.add_argument_group("gen")
+    g.add_argument("--gen-prompts", type=int, default=98304, help="training continuations (train-split prompts)")
+    g.add_argument("--gen-batch", type=int, default=4096)
+    g.add_argument("--gen-prompt-len", type=int, default=64)
+    g.add_argument("--gen-new", type=int, default=128)
+    g.add_argument("--gen-heldout", type=int, default=512, help="held-out continuations (validation-split prompts)")
+    g.add_argument("--gen-max-min", type=float, default=2.5)
+
+    g = p.add_argument_group("drafter")
+    g.add_argument("--drafter-steps", type=int, default=3600)
+    g.add_argument("--drafter-batch", type=int, default=128, help="sequences per step")
+    g.add_argument("--drafter-anchors", type=int, default=32, help="random anchors per sequence")
+    g.add_argument("--drafter-lr", type=float, default=1e-3)
+    g.add_argument("--drafter-warmup", type=int, default=100)
+    g.add_argument("--drafter-max-min", type=float, default=3.5)
+    g.add_argument("--drafter-taps", default="1,3,5", help="target_layer_ids")
+    g.add_argument("--drafter-window", type=int, default=1024, help="sliding_window")
+    g.add_argument("--drafter-gamma", type=float, default=4.0)
+    g.add_argument("--drafter-alpha", type=float, default=1.0, help="selector loss weight")
+    g.add_argument("--eval-walk", type=int, default=512, help="held-out sequences for the greedy-walk tau")
+    args = p.parse_args(argv)
+    if args.smoke:
+        apply_smoke(args)
+    return args
+
+
+def apply_smoke(a):
+    a.target_steps, a.target_seq, a.target_batch, a.target_warmup = 12, 64, 4, 3
+    a.target_eval_every = 6
+    a.mtp_steps, a.mtp_seq, a.mtp_batch = 6, 64, 4
+    a.gen_prompts, a.gen_batch, a.gen_prompt_len, a.gen_new, a.gen_heldout = 16, 12, 16, 24, 8
+    a.drafter_steps, a.drafter_batch, a.drafter_anchors, a.drafter_warmup = 10, 4, 4, 2
+    a.eval_walk = 8
+    # the smoke run must not depend on machine load: no wall-clock guards
+    a.target_max_min = a.mtp_max_min = a.gen_max_min = a.drafter_max_min = 1e6
+    if a.device is None:
+        a.device = "cpu"
+
+
+def select_stages(spec: str) -> list[str]:
+    if spec in GROUPS:
+        return GROUPS[spec]
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    bad = [s for s in names if s not in STAGES]
+    if bad:
+        raise SystemExit(f"unknown stage(s) {bad}; choose from {STAGES} or {list(GROUPS)}")
+    return [s for s in STAGES if s in names]
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    args.out = str(out)
+    log = C.Log(out)
+    stages = select_stages(args.stage)
+    log(f"=== train_all: stages {stages} out={out} seed={args.seed} smoke={args.smoke} "
+        f"python={platform.python_version()} argv={' '.join(sys.argv[1:])}")
+    try:
+        import torch
+        import transformers
+
+        log(f"torch {torch.__version__} (cuda {torch.cuda.is_available()}), transformers {transformers.__version__}")
+    except ImportError as e:  # pragma: no cover
+        log(f"import failed: {e}")
+        raise
+    C.write_json(out / "args.json", vars(args))
+    t_all = time.time()
+    for st in stages:
+        if C.stage_done(out, st) and not args.force:
+            log(f"--- stage {st}: already done ({C.stage_marker(out, st)}), skipping")
+            continue
+        log(f"--- stage {st}: start")
+        t0 = time.time()
+        C.seed_everything(C.stage_seed(args.seed, st))
+        mod = __import__(f"stage_{st}")
+        try:
+            info = mod.run(args, log) or {}
+        except Exception:
+            log(f"stage {st} FAILED:\n{traceback.format_exc()}")
+            raise
+        info["wall_seconds"] = time.time() - t0
+        info["args"] = vars(args)
+        C.mark_stage(out, st, info)
+        log(f"--- stage {st}: done in {C.fmt_s(time.time() - t0)}")
+    log(f"=== all requested stages done in {C.fmt_s(time.time() - t_all)}")
+
+
+if __name__ == "__main__":
+    main()
