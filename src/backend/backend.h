@@ -80,6 +80,12 @@ class Backend {
   // allocates and uploads. Freed with release_weight.
   virtual const void* import_weight(const void* host, size_t bytes) = 0;
   virtual void release_weight(const void* p) = 0;
+  // Synthetic weights for full-size benchmarks without a checkpoint: element i of `dst` (n
+  // elements of dtype bf16 or f32) = scale * (2 u - 1), u = the top 24 bits of
+  // splitmix64(seed + i) / 2^24. Identical on every backend.
+  virtual void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale) = 0;
+  // Bytes of backend memory in use by this process (GPU: total - free), 0 if unknown.
+  virtual size_t memory_used() const { return 0; }
 
   // ---- dense ops ----------------------------------------------------------------------------
   // y[m, r] = sum_c x[m, c] * W[r, c]; x [M, W.cols], y [M, W.rows]. Row-invariant.
@@ -146,6 +152,17 @@ class Backend {
                              const WeightRef& Epre, const WeightRef& Esuc, const int32_t* anchor,
                              int k, int K, int R, int32_t* drafts, float* scores) = 0;
 };
+
+// The counter-based generator behind fill_random (host side, shared by backends' twins).
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+inline float random_uniform_pm1(uint64_t seed, uint64_t i) {
+  return static_cast<float>(splitmix64(seed + i) >> 40) * (2.0f / 16777216.0f) - 1.0f;
+}
 
 std::unique_ptr<Backend> make_cpu_backend();
 // nullptr when qflash was built without CUDA or no GPU is present; `why` says which.

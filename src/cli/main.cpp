@@ -33,6 +33,10 @@ int main(int argc, char** argv) {
   tg->require_option(1);
   tok_cmd->add_flag("--no-special", tk.no_special, "treat special-token strings as plain text");
 
+  qf::cli::BenchArgs bench;
+  CLI::App* bench_cmd = app.add_subcommand("bench", "measure decode / verify / draft speed (plain, MTP, DFlash2)");
+  qf::cli::add_bench_options(bench_cmd, bench);
+
   std::string inspect_dir;
   CLI::App* insp_cmd = app.add_subcommand("inspect", "print a checkpoint's config summary, tensors and guard results");
   insp_cmd->add_option("dir", inspect_dir, "model (or drafter) folder")->required();
@@ -47,6 +51,7 @@ int main(int argc, char** argv) {
     if (run_cmd->parsed()) return qf::cli::cmd_run(run);
     if (tok_cmd->parsed()) return qf::cli::cmd_tokenize(tk);
     if (insp_cmd->parsed()) return qf::cli::cmd_inspect(inspect_dir);
+    if (bench_cmd->parsed()) return qf::cli::cmd_bench(bench);
   } catch (const qf::Error& e) {
     std::fprintf(stderr, "qflash: error (%s): %s\n", qf::error_kind_name(e.kind()), e.what());
     return e.kind() == qf::ErrorKind::Usage ? 2 : 1;

@@ -51,7 +51,7 @@ LayerWeights load_layer(WeightSet& ws, const std::string& p, bool full, int H, i
     w.gdn.out = ws.matrix(g + "out_proj.weight", H, gd.value_dim());
     // HF stores conv1d as [C, 1, K]; mlx as [C, K, 1]. Both are C*K floats with K fastest.
     const std::string cn = g + "conv1d.weight";
-    const TensorInfo* ct = ws.store().find(cn);
+    const TensorInfo* ct = ws.synthetic() ? nullptr : ws.store().find(cn);
     std::vector<int64_t> cshape = {gd.conv_dim(), 1, gd.conv_kernel};
     if (ct && ct->shape.size() == 3 && ct->shape[2] == 1 && ct->shape[1] == gd.conv_kernel)
       cshape = {gd.conv_dim(), gd.conv_kernel, 1};

@@ -17,7 +17,8 @@ std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, Qwe
 }
 
 std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, const TargetConfig& tc, Backend* be,
-                                                     const WeightRef& embed, const WeightRef& lm_head, int max_rows) {
+                                                     const WeightRef& embed, const WeightRef& lm_head, int max_rows,
+                                                     uint64_t synthetic_seed) {
   DrafterConfig cfg = load_drafter_config(dir);
   check_drafter_pair(cfg, tc);  // before any weights file is opened
   std::unique_ptr<DFlash2Drafter> d(new DFlash2Drafter());
@@ -25,8 +26,12 @@ std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, con
   d->be_ = be;
   d->embed_ = embed;
   d->lm_head_ = lm_head;
-  d->store_ = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
-  d->ws_ = std::make_unique<WeightSet>(d->be_, d->store_.get());
+  if (synthetic_seed) {
+    d->ws_ = std::make_unique<WeightSet>(d->be_, synthetic_seed);
+  } else {
+    d->store_ = std::make_unique<TensorStore>(TensorStore::open_dir(dir));
+    d->ws_ = std::make_unique<WeightSet>(d->be_, d->store_.get());
+  }
   WeightSet& ws = *d->ws_;
   const int H = cfg.hidden_size, I = cfg.intermediate_size, nh = cfg.num_attention_heads,
             nkv = cfg.num_key_value_heads, hd = cfg.head_dim, Nt = static_cast<int>(cfg.target_layer_ids.size());
@@ -103,6 +108,11 @@ std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, con
            cfg.architecture.c_str(), cfg.num_hidden_layers, B, cfg.target_layer_ids.size(), W,
            d->ws_->imported_bytes() / 1e6);
   return d;
+}
+
+std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load_synthetic(const std::string& config_path, Qwen38Model& t,
+                                                               uint64_t seed) {
+  return load(config_path, t.config(), &t.backend(), t.embed_weight(), t.lm_head_weight(), t.max_rows(), seed);
 }
 
 void DFlash2Drafter::reset() {

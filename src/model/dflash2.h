@@ -25,7 +25,11 @@ class DFlash2Drafter {
   static std::unique_ptr<DFlash2Drafter> load(const std::string& dir, Qwen38Model& target);
   // The same from parts: the target's config, its embedding and lm_head on `be`.
   static std::unique_ptr<DFlash2Drafter> load(const std::string& dir, const TargetConfig& target, Backend* be,
-                                              const WeightRef& embed, const WeightRef& lm_head, int max_rows);
+                                              const WeightRef& embed, const WeightRef& lm_head, int max_rows,
+                                              uint64_t synthetic_seed = 0);
+  // Full-size speed runs: the shapes of a drafter config.json with random weights.
+  static std::unique_ptr<DFlash2Drafter> load_synthetic(const std::string& config_path, Qwen38Model& target,
+                                                        uint64_t seed);
   ~DFlash2Drafter();
 
   const DrafterConfig& config() const { return cfg_; }

@@ -7,7 +7,7 @@ namespace qf {
 std::unique_ptr<MtpHead> MtpHead::load(Qwen38Model& t, int max_pos) {
   if (!t.has_mtp())
     fail(ErrorKind::Tensor, "%s: the checkpoint has no MTP head (no mtp.fc.weight, or mtp_num_hidden_layers = 0)",
-         t.store().dir().c_str());
+         t.origin().c_str());
   std::unique_ptr<MtpHead> m(new MtpHead());
   m->t_ = &t;
   m->max_rows_ = t.max_rows();

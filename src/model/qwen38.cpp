@@ -48,6 +48,31 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* 
          dir.c_str(), st.size());
   }
   if (c.tie_word_embeddings && !st.find(lm_name)) lm_name = m->prefix_ + "embed_tokens.weight";
+  m->ws_ = std::make_unique<WeightSet>(be, m->store_.get());
+  m->has_mtp_ = c.mtp_num_hidden_layers > 0 && st.find("mtp.fc.weight") != nullptr;
+  m->build(dir, lm_name);
+  return m;
+}
+
+std::unique_ptr<Qwen38Model> Qwen38Model::load_synthetic(const std::string& config_path, Backend* be, int max_rows,
+                                                         uint64_t seed) {
+  std::unique_ptr<Qwen38Model> m(new Qwen38Model());
+  m->be_ = be;
+  m->max_rows_ = max_rows;
+  m->cfg_ = load_target_config(config_path);
+  m->layout_ = TargetLayout::Text;
+  m->prefix_ = "model.";
+  m->ws_ = std::make_unique<WeightSet>(be, seed);
+  m->has_mtp_ = m->cfg_.mtp_num_hidden_layers > 0;
+  m->build(config_path + " (synthetic random weights)", "lm_head.weight");
+  return m;
+}
+
+void Qwen38Model::build(const std::string& origin, const std::string& lm_name) {
+  Qwen38Model* m = this;
+  Backend* be = be_;
+  const TargetConfig& c = cfg_;
+  origin_ = origin;
 
   m->ad_.n_heads = c.num_attention_heads;
   m->ad_.n_kv_heads = c.num_key_value_heads;
@@ -60,7 +85,6 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* 
   m->gd_.d_v = c.linear_value_head_dim;
   m->gd_.conv_kernel = c.linear_conv_kernel_dim;
 
-  m->ws_ = std::make_unique<WeightSet>(be, m->store_.get());
   WeightSet& ws = *m->ws_;
   const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   Progress progress("loading target", static_cast<size_t>(c.num_hidden_layers) + 2);
@@ -77,10 +101,9 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* 
     progress.add(1);
   }
   progress.done();
-  m->has_mtp_ = c.mtp_num_hidden_layers > 0 && st.find("mtp.fc.weight") != nullptr;
 
-  const size_t R = static_cast<size_t>(max_rows);
-  m->scratch_.allocate(be, max_rows, H, m->ad_, &m->gd_, I);
+  const size_t R = static_cast<size_t>(max_rows_);
+  m->scratch_.allocate(be, max_rows_, H, m->ad_, &m->gd_, I);
   m->ids_ = DeviceBuffer(be, R * sizeof(int32_t));
   m->meta_ = DeviceBuffer(be, sizeof(StepMeta));
   m->h_ = DeviceBuffer(be, R * H * sizeof(float));
@@ -88,9 +111,8 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* 
   m->logits_ = DeviceBuffer(be, R * V * sizeof(float));
   m->argmax_ = DeviceBuffer(be, R * sizeof(int32_t));
   log_info("target: %s, layout %s, %d layers (%d attention, %d deltanet), hidden %d, vocab %d, %.1f MB of weights%s",
-           dir.c_str(), target_layout_name(m->layout_), c.num_hidden_layers, n_full, n_gdn, H, V,
+           origin.c_str(), target_layout_name(m->layout_), c.num_hidden_layers, n_full, n_gdn, H, V,
            ws.imported_bytes() / 1e6, m->has_mtp_ ? ", MTP head present" : "");
-  return m;
 }
 
 void Qwen38Model::set_taps(const std::vector<int>& ids) {

@@ -41,6 +41,10 @@ class Qwen38Model {
  public:
   // Loads config + weights from a checkpoint folder onto `be`. `max_rows` bounds M per forward.
   static std::unique_ptr<Qwen38Model> load(const std::string& dir, Backend* be, int max_rows = 64);
+  // Full-size speed runs without a checkpoint: the shapes of `config_path` (a config.json),
+  // random weights made on the backend (text layout names, MTP head included).
+  static std::unique_ptr<Qwen38Model> load_synthetic(const std::string& config_path, Backend* be, int max_rows,
+                                                     uint64_t seed);
   ~Qwen38Model();
 
   const TargetConfig& config() const { return cfg_; }
@@ -52,6 +56,8 @@ class Qwen38Model {
   const WeightRef& lm_head_weight() const { return lm_head_; }
   bool has_mtp() const { return has_mtp_; }
   const TensorStore& store() const { return *store_; }
+  bool synthetic() const { return ws_->synthetic(); }
+  const std::string& origin() const { return origin_; }
   WeightSet& weights() { return *ws_; }
   const GdnDims& gdn_dims() const { return gd_; }
   const AttnDims& attn_dims() const { return ad_; }
@@ -82,11 +88,12 @@ class Qwen38Model {
 
  private:
   Qwen38Model() = default;
+  void build(const std::string& origin, const std::string& lm_name);
   Backend* be_ = nullptr;
   TargetConfig cfg_;
   TargetLayout layout_ = TargetLayout::Text;
   NormForm norm_form_ = NormForm::ZeroCentred;
-  std::string prefix_;
+  std::string prefix_, origin_;
   std::unique_ptr<TensorStore> store_;
   std::unique_ptr<WeightSet> ws_;
   int max_rows_ = 0;

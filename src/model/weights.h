@@ -28,11 +28,15 @@ struct NormVec {
 class WeightSet {
  public:
   WeightSet(Backend* be, const TensorStore* store) : be_(be), store_(store) {}
+  // Synthetic mode (no checkpoint): every requested tensor exists, with random values made on
+  // the backend (Backend::fill_random), for full-size speed measurements.
+  WeightSet(Backend* be, uint64_t seed) : be_(be), store_(nullptr), seed_(seed) {}
+  bool synthetic() const { return store_ == nullptr; }
   ~WeightSet();
   WeightSet(const WeightSet&) = delete;
   WeightSet& operator=(const WeightSet&) = delete;
 
-  bool has(const std::string& name) const { return store_->find(name) != nullptr; }
+  bool has(const std::string& name) const { return !store_ || store_->find(name) != nullptr; }
   // A matrix [rows, cols]: bf16/f16/f32 under `name`, or mlx int4 (`name` u32 [rows, cols/8] +
   // `<base>.scales` / `<base>.biases`) when `name` ends with ".weight" and scales exist.
   WeightRef matrix(const std::string& name, int64_t rows, int64_t cols);
@@ -51,6 +55,9 @@ class WeightSet {
   Backend* be_;
   const TensorStore* store_;
   std::vector<const void*> imported_;
+  std::vector<void*> owned_;  // synthetic weights
+  uint64_t seed_ = 0;
+  uint64_t name_seed(const std::string& name) const;
   size_t imported_bytes_ = 0;
   const void* import(const TensorInfo& t);
 };

@@ -133,6 +133,16 @@ class CpuBackend final : public Backend {
   void sync() override {}
   const void* import_weight(const void* host, size_t) override { return host; }
   void release_weight(const void*) override {}
+  void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale) override {
+#pragma omp parallel for schedule(static) if (n > (1u << 20))
+    for (size_t i = 0; i < n; i++) {
+      const float v = scale * random_uniform_pm1(seed, i);
+      if (dt == DType::BF16)
+        static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v);
+      else
+        static_cast<float*>(dst)[i] = v;
+    }
+  }
 
   void matmul(const WeightRef& W, const float* x, float* y, int M) override {
     switch (W.dtype) {
