@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 #include "io/config.h"
 #include "model/dflash2.h"
+#include "support/backends.h"
 #include "support/fixtures.h"
 
 namespace qf {
@@ -24,6 +25,7 @@ std::vector<float> dl(Backend& be, const float* p, size_t n) {
 struct Case {
   std::string folder;
   int index;
+  std::string backend;
 };
 
 class DrafterParity : public ::testing::TestWithParam<Case> {};
@@ -33,7 +35,8 @@ TEST_P(DrafterParity, BlockPassMatchesReference) {
   const std::string base = test::source_path("tests/fixtures/drafter/");
   test::Fixture ref(base + "micro/reference.safetensors");
   auto th = SafetensorsFile::open(base + "micro/target_embed_head.safetensors");
-  auto be = make_cpu_backend();
+  auto be = test::make_test_backend(c.backend);
+  if (!be) GTEST_SKIP() << "no CUDA device";
   TargetConfig tc;  // the fixture's target: hidden 128, vocab 512, 4 layers
   tc.hidden_size = 128;
   tc.vocab_size = 512;
@@ -45,7 +48,7 @@ TEST_P(DrafterParity, BlockPassMatchesReference) {
     w.dtype = t.dtype;
     w.rows = t.shape[0];
     w.cols = t.shape[1];
-    w.data = t.data;
+    w.data = be->import_weight(t.data, t.nbytes);  // device copy on a GPU backend
   }
   ASSERT_TRUE(embed.valid() && head.valid());
   auto d = DFlash2Drafter::load(base + c.folder, tc, be.get(), embed, head, 16);
@@ -81,8 +84,11 @@ TEST_P(DrafterParity, BlockPassMatchesReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DrafterParity,
-                         ::testing::Values(Case{"micro", 0}, Case{"micro", 1}, Case{"micro_v1", 2}),
-                         [](const auto& info) { return info.param.folder + "_case" + std::to_string(info.param.index); });
+                         ::testing::Values(Case{"micro", 0, "cpu"}, Case{"micro", 1, "cpu"}, Case{"micro_v1", 2, "cpu"},
+                                           Case{"micro", 0, "cuda"}, Case{"micro", 1, "cuda"}, Case{"micro_v1", 2, "cuda"}),
+                         [](const auto& info) {
+                           return info.param.folder + "_case" + std::to_string(info.param.index) + "_" + info.param.backend;
+                         });
 
 }  // namespace
 }  // namespace qf

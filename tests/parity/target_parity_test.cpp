@@ -9,6 +9,7 @@
 #include "model/mtp.h"
 #include "model/qwen38.h"
 #include "runtime/generate.h"
+#include "support/backends.h"
 #include "support/fixtures.h"
 
 namespace qf {
@@ -23,7 +24,10 @@ std::vector<float> dl(Backend& be, const float* p, size_t n) {
   return v;
 }
 
-class TargetParity : public ::testing::TestWithParam<std::string> {};
+class TargetParity : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {
+ protected:
+  std::string fixture() const { return std::get<0>(GetParam()); }
+};
 
 // micro_mm holds micro's weights in the published multimodal layout: same reference.
 std::string reference_of(const std::string& name) {
@@ -32,9 +36,10 @@ std::string reference_of(const std::string& name) {
 }
 
 TEST_P(TargetParity, PrefillLogitsAndHiddenStatesMatchTransformers) {
-  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
-  test::Fixture ref(reference_of(GetParam()));
-  auto be = make_cpu_backend();
+  const std::string dir = test::source_path("tests/fixtures/target/" + fixture());
+  test::Fixture ref(reference_of(fixture()));
+  auto be = test::make_test_backend(std::get<1>(GetParam()));
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(dir, be.get(), 64);
   const auto tokens = ref.i32("tokens");
   const int T = static_cast<int>(tokens.size()), H = m->config().hidden_size, V = m->config().vocab_size;
@@ -54,9 +59,10 @@ TEST_P(TargetParity, PrefillLogitsAndHiddenStatesMatchTransformers) {
 }
 
 TEST_P(TargetParity, StepByStepDecodeMatchesTransformersCache) {
-  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
-  test::Fixture ref(reference_of(GetParam()));
-  auto be = make_cpu_backend();
+  const std::string dir = test::source_path("tests/fixtures/target/" + fixture());
+  test::Fixture ref(reference_of(fixture()));
+  auto be = test::make_test_backend(std::get<1>(GetParam()));
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(dir, be.get(), 64);
   const auto tokens = ref.i32("tokens");
   const int T = static_cast<int>(tokens.size()), V = m->config().vocab_size;
@@ -74,9 +80,10 @@ TEST_P(TargetParity, StepByStepDecodeMatchesTransformersCache) {
 }
 
 TEST_P(TargetParity, GreedyTokensMatchTransformersFor64Steps) {
-  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
-  test::Fixture ref(reference_of(GetParam()));
-  auto be = make_cpu_backend();
+  const std::string dir = test::source_path("tests/fixtures/target/" + fixture());
+  test::Fixture ref(reference_of(fixture()));
+  auto be = test::make_test_backend(std::get<1>(GetParam()));
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(dir, be.get(), 64);
   const auto tokens = ref.i32("tokens");
   const auto want = ref.i32("greedy_tokens");
@@ -92,9 +99,10 @@ TEST_P(TargetParity, GreedyTokensMatchTransformersFor64Steps) {
 }
 
 TEST_P(TargetParity, MtpHeadMatchesReference) {
-  const std::string dir = test::source_path("tests/fixtures/target/" + GetParam());
-  test::Fixture ref(reference_of(GetParam()));
-  auto be = make_cpu_backend();
+  const std::string dir = test::source_path("tests/fixtures/target/" + fixture());
+  test::Fixture ref(reference_of(fixture()));
+  auto be = test::make_test_backend(std::get<1>(GetParam()));
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(dir, be.get(), 64);
   ASSERT_TRUE(m->has_mtp());
   auto head = MtpHead::load(*m, 128);
@@ -109,7 +117,9 @@ TEST_P(TargetParity, MtpHeadMatchesReference) {
   EXPECT_TRUE(test::close_rel(dl(*be, head->out_hidden(), static_cast<size_t>(T - 1) * H), ref.f32("mtp_hidden"), kTol, "mtp hidden"));
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, TargetParity, ::testing::Values("micro", "micro_mm", "odd"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, TargetParity,
+                         ::testing::Combine(::testing::Values("micro", "micro_mm", "odd"), ::testing::Values("cpu", "cuda")),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
 TEST(TargetLayouts, MultimodalAndTextLayoutsGiveIdenticalLogits) {
   auto be = make_cpu_backend();

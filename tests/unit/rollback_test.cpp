@@ -7,6 +7,7 @@
 
 #include "backend/backend.h"
 #include "model/qwen38.h"
+#include "support/backends.h"
 #include "support/test_models.h"
 
 namespace qf {
@@ -18,11 +19,14 @@ std::vector<float> download_all(Backend& be, const DeviceBuffer& b, size_t bytes
   return h;
 }
 
-TEST(Rollback, PartialAcceptRestoresPlainStateBitForBit) {
+class Rollback : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Rollback, PartialAcceptRestoresPlainStateBitForBit) {
   test::TinyTarget t;
   t.mtp = false;
   const std::string dir = test::write_tiny_target(test::temp_dir("rb"), t);
-  auto be = make_cpu_backend();
+  auto be = test::make_test_backend(GetParam());
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(dir, be.get(), 16);
   std::mt19937_64 rng(3);
   std::vector<int32_t> prompt(13);
@@ -74,6 +78,8 @@ TEST(Rollback, PartialAcceptRestoresPlainStateBitForBit) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, Rollback, ::testing::Values("cpu", "cuda"));
 
 }  // namespace
 }  // namespace qf

@@ -64,11 +64,23 @@ GenRun gen(Qwen38Model& m, DraftSource* src, const std::vector<int32_t>& prompt,
   return r;
 }
 
-class SpecIdentity : public ::testing::TestWithParam<int> {};
+// (pair, backend): identity is per backend, so it is checked on every backend present.
+using Param = std::tuple<int, std::string>;
+class SpecIdentity : public ::testing::TestWithParam<Param> {
+ protected:
+  std::unique_ptr<Backend> backend() {
+    const std::string name = std::get<1>(GetParam());
+    if (name == "cpu") return make_cpu_backend();
+    std::string why;
+    return make_cuda_backend(&why);
+  }
+  const Pair& the_pair() { return pair(std::get<0>(GetParam())); }
+};
 
 TEST_P(SpecIdentity, OrganicDraftsMatchPlain) {
-  const Pair& p = pair(GetParam());
-  auto be = make_cpu_backend();
+  const Pair& p = the_pair();
+  auto be = backend();
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(p.target, be.get(), 16);
   for (uint64_t seed : {1u, 2u}) {
     auto prompt = random_prompt(seed == 1 ? 7 : 37, p.t.vocab, seed);
@@ -89,8 +101,9 @@ TEST_P(SpecIdentity, OrganicDraftsMatchPlain) {
 }
 
 TEST_P(SpecIdentity, InjectedDraftsMatchPlain) {
-  const Pair& p = pair(GetParam());
-  auto be = make_cpu_backend();
+  const Pair& p = the_pair();
+  auto be = backend();
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(p.target, be.get(), 16);
   auto prompt = random_prompt(11, p.t.vocab, 5);
   GenRun plain = gen(*m, nullptr, prompt, 220, 0);
@@ -112,8 +125,9 @@ TEST_P(SpecIdentity, InjectedDraftsMatchPlain) {
 }
 
 TEST_P(SpecIdentity, StopInsideRoundIsHonoured) {
-  const Pair& p = pair(GetParam());
-  auto be = make_cpu_backend();
+  const Pair& p = the_pair();
+  auto be = backend();
+  if (!be) GTEST_SKIP() << "no CUDA device";
   auto m = Qwen38Model::load(p.target, be.get(), 16);
   auto prompt = random_prompt(9, p.t.vocab, 9);
   GenRun plain = gen(*m, nullptr, prompt, 120, 0);
@@ -136,7 +150,10 @@ TEST_P(SpecIdentity, StopInsideRoundIsHonoured) {
   EXPECT_EQ(r.tokens, std::vector<int32_t>(plain.tokens.begin(), plain.tokens.begin() + 10));
 }
 
-INSTANTIATE_TEST_SUITE_P(Pairs, SpecIdentity, ::testing::Values(0, 1));
+INSTANTIATE_TEST_SUITE_P(Pairs, SpecIdentity, ::testing::Combine(::testing::Values(0, 1), ::testing::Values("cpu", "cuda")),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == 0 ? "tiny" : "odd") + "_" + std::get<1>(info.param);
+                         });
 
 }  // namespace
 }  // namespace qf
