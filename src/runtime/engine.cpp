@@ -14,10 +14,10 @@ namespace fs = std::filesystem;
 std::string default_model_dir() {
   if (const char* e = std::getenv("QFLASH_MODEL"); e && *e) return e;
 #ifdef QFLASH_SOURCE_DIR
-  return std::string(QFLASH_SOURCE_DIR) + "/models/demo";
-#else
-  return "models/demo";
+  const std::string built_in = std::string(QFLASH_SOURCE_DIR) + "/models/demo";
+  if (fs::exists(fs::path(built_in) / "config.json")) return built_in;
 #endif
+  return "models/demo";
 }
 
 std::string resolve_draft(const std::string& requested, const std::string& model_dir, bool has_mtp) {

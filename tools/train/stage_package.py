@@ -155,6 +155,8 @@ def run(args, log):
     # ---- model card + the training log ----
     write_card(demo, out, args, prompts, checks)
     shutil.copy(out / "train_log.txt", demo / "TRAIN_LOG.txt")
+    for p in demo.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)  # safetensors writes 0600 files
     sizes = {str(p.relative_to(demo)): p.stat().st_size for p in sorted(demo.rglob("*")) if p.is_file()}
     weights = sum(v for k, v in sizes.items() if k.endswith(".safetensors"))
     assert all(v <= C.SHARD_LIMIT_BYTES for k, v in sizes.items() if k.endswith(".safetensors")), sizes
@@ -352,6 +354,7 @@ Evaluation with an anchor at every continuation position whose block fits, bf16 
 bash tools/train/train_all.sh OUT --stage part1   # corpus + tokenizer, target, mtp
 bash tools/train/train_all.sh OUT --stage part2   # gen, drafter, package -> OUT/demo
 ```
+(on the GPU machine through `tools/train/remote.sh`, see `docs/experiments/demo_training.md`).
 
 seed {runargs['seed']}; Python {man['python_version']}, torch {torch.__version__}, transformers {transformers.__version__};
 stage wall times (s): {json.dumps({k: round(v, 1) for k, v in stages.items() if v is not None})}.

@@ -1,0 +1,136 @@
+// End-to-end tests on the shipped demo pair (models/demo): identity with real drafts, a floor
+// on real acceptance (so a regression in the drafter path fails CI), and the CLI contract.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "runtime/draft_source.h"
+#include "runtime/generate.h"
+#include "support/backends.h"
+#include "tokenizer/tokenizer.h"
+
+namespace qf {
+namespace {
+
+std::string demo_dir() { return std::string(QFLASH_SOURCE_DIR) + "/models/demo"; }
+
+std::vector<std::vector<int32_t>> validation_prompts(int n) {
+  std::ifstream f(demo_dir() + "/validation_prompts.jsonl");
+  std::vector<std::vector<int32_t>> out;
+  std::string line;
+  while (std::getline(f, line) && static_cast<int>(out.size()) < n)
+    out.push_back(nlohmann::json::parse(line)["ids"].get<std::vector<int32_t>>());
+  return out;
+}
+
+struct Out {
+  std::vector<int32_t> tokens;
+  GenStats stats;
+};
+
+Out generate(Qwen38Model& m, DraftSource* s, const std::vector<int32_t>& prompt, int k, const std::vector<int32_t>& stops) {
+  Generator g(m, s, 1024);
+  GenerateOptions o;
+  o.max_new_tokens = 128;
+  o.draft_k = k;
+  o.stop_ids = stops;
+  Out r;
+  r.stats = g.generate(prompt, o, [&](int32_t t) {
+    r.tokens.push_back(t);
+    return true;
+  });
+  return r;
+}
+
+class DemoPair : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DemoPair, SpeculativeEqualsPlainOnValidationPrompts) {
+  auto be = test::make_test_backend(GetParam());
+  if (!be) GTEST_SKIP() << "no CUDA device";
+  auto m = Qwen38Model::load(demo_dir(), be.get(), 16);
+  Tokenizer tok = Tokenizer::load(demo_dir());
+  MtpDraftSource mtp(*m, 1024);
+  DFlashDraftSource dfl(DFlash2Drafter::load(demo_dir() + "/drafter", *m));
+  for (const auto& p : validation_prompts(6)) {
+    Out plain = generate(*m, nullptr, p, 0, tok.eos_ids());
+    for (int k : {1, 3}) EXPECT_EQ(generate(*m, &mtp, p, k, tok.eos_ids()).tokens, plain.tokens) << "mtp k=" << k;
+    for (int k : {3, 7}) EXPECT_EQ(generate(*m, &dfl, p, k, tok.eos_ids()).tokens, plain.tokens) << "dflash2 k=" << k;
+  }
+}
+
+// Floors sit below the measured values (MODEL_CARD.md: 64 prompts, DFlash2 tau 3.26, MTP 2.48;
+// on these 8 prompts 5.75 and 2.65 when measured) so that only a real regression trips them.
+TEST_P(DemoPair, AcceptanceStaysAboveFloor) {
+  auto be = test::make_test_backend(GetParam());
+  if (!be) GTEST_SKIP() << "no CUDA device";
+  auto m = Qwen38Model::load(demo_dir(), be.get(), 16);
+  Tokenizer tok = Tokenizer::load(demo_dir());
+  MtpDraftSource mtp(*m, 1024);
+  DFlashDraftSource dfl(DFlash2Drafter::load(demo_dir() + "/drafter", *m));
+  double tau_d = 0, tau_m = 0;
+  const auto prompts = validation_prompts(8);
+  for (const auto& p : prompts) {
+    tau_d += generate(*m, &dfl, p, 7, tok.eos_ids()).stats.tau();
+    tau_m += generate(*m, &mtp, p, 3, tok.eos_ids()).stats.tau();
+  }
+  tau_d /= prompts.size();
+  tau_m /= prompts.size();
+  std::printf("demo pair, 8 validation prompts: tau dflash2 %.3f, tau mtp %.3f\n", tau_d, tau_m);
+  EXPECT_GE(tau_d, 4.0);
+  EXPECT_GE(tau_d, 1.15 * tau_m);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DemoPair, ::testing::Values("cpu", "cuda"));
+
+// The CLI: stdout carries only the generated text, identical with and without drafting;
+// --stats-json writes the documented keys.
+std::string run_cli(const std::string& args, int* status) {
+  const std::string cmd = std::string(QFLASH_BINARY_DIR) + "/qflash run --device cpu " + args + " 2>/dev/null";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  *status = pclose(p);
+  return out;
+}
+
+TEST(DemoCli, DefaultModelAndDraftSourcesGiveIdenticalStdout) {
+  int s1, s2, s3;
+  const std::string prompt = "--prompt 'import os\nimport sys\n' --max-tokens 48";
+  const std::string plain = run_cli(prompt + " --draft none", &s1);
+  const std::string dfl = run_cli(prompt, &s2);  // default: models/demo with its drafter
+  const std::string json = ::testing::TempDir() + "/qflash_stats.json";
+  const std::string mtp = run_cli(prompt + " --draft mtp --stats-json " + json, &s3);
+  EXPECT_EQ(s1, 0);
+  EXPECT_EQ(s2, 0);
+  EXPECT_EQ(s3, 0);
+  EXPECT_FALSE(plain.empty());
+  EXPECT_EQ(dfl, plain);
+  EXPECT_EQ(mtp, plain);
+  std::ifstream f(json);
+  auto j = nlohmann::json::parse(f);
+  for (const char* key : {"draft", "rounds", "drafted", "accepted", "tau", "accept_profile", "generated_tokens",
+                          "tokens_per_second", "phases_ms", "accept_lengths"})
+    EXPECT_TRUE(j.contains(key)) << key;
+  EXPECT_EQ(j["draft"], "mtp");
+  EXPECT_EQ(j["accept_lengths"].size(), j["rounds"].get<size_t>());
+}
+
+TEST(DemoCli, BadModelFolderIsAClearError) {
+  int s;
+  const std::string cmd = std::string(QFLASH_BINARY_DIR) + "/qflash run --model /nonexistent --prompt x 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  s = pclose(p);
+  EXPECT_NE(s, 0);
+  EXPECT_NE(out.find("/nonexistent"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace qf
