@@ -134,3 +134,33 @@ TEST(DemoCli, BadModelFolderIsAClearError) {
 
 }  // namespace
 }  // namespace qf
+
+namespace qf {
+namespace {
+
+// Drafter guards fire from config.json alone: these folders hold no weights, so reaching the
+// weights would give a different (file) error. Each mismatch is paired with the demo target.
+TEST(DemoCli, DrafterGuardsFireBeforeAnyWeightsAreOpened) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"mismatch_vocab", "vocab_size 4096"},         {"mismatch_hidden", "hidden_size 512"},
+      {"mismatch_num_target_layers", "12"},          {"mismatch_mask_id", "8192"},
+      {"mismatch_tap_id", "target_layer_ids"},       {"mismatch_architecture", "Qwen3ForCausalLM"},
+      {"mismatch_block_size", "block_size"}};
+  for (const auto& [dir, needle] : cases) {
+    const std::string cmd = std::string(QFLASH_BINARY_DIR) + "/qflash run --device cpu --max-tokens 1 --prompt x --draft " +
+                            QFLASH_SOURCE_DIR + "/tests/fixtures/configs/" + dir + " 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    const int status = pclose(p);
+    EXPECT_NE(status, 0) << dir;
+    EXPECT_NE(out.find("error (config)"), std::string::npos) << dir << ": " << out;
+    EXPECT_NE(out.find(needle), std::string::npos) << dir << ": " << out;
+    EXPECT_EQ(out.find("safetensors"), std::string::npos) << dir << ": weights were looked for: " << out;
+  }
+}
+
+}  // namespace
+}  // namespace qf
