@@ -164,3 +164,45 @@ TEST(DemoCli, DrafterGuardsFireBeforeAnyWeightsAreOpened) {
 
 }  // namespace
 }  // namespace qf
+
+namespace qf {
+namespace {
+
+// The demo tokenizer (trained with the HF `tokenizers` library) encodes the validation prompts
+// exactly as that library did when tools/train wrote validation_prompts.jsonl.
+TEST(DemoTokenizer, MatchesTheTrainingLibraryOnValidationPrompts) {
+  Tokenizer tok = Tokenizer::load(std::string(QFLASH_SOURCE_DIR) + "/models/demo");
+  EXPECT_EQ(tok.vocab_size(), 8192);
+  std::ifstream f(std::string(QFLASH_SOURCE_DIR) + "/models/demo/validation_prompts.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    const std::string text = j["text"].get<std::string>();
+    EXPECT_EQ(tok.encode(text), j["ids"].get<std::vector<int32_t>>()) << text;
+    EXPECT_EQ(tok.decode(tok.encode(text)), text);
+    n++;
+  }
+  EXPECT_EQ(n, 64);
+}
+
+}  // namespace
+}  // namespace qf
+
+namespace qf {
+namespace {
+
+// Whole validation-split files (tools/reference/demo_tokenizer_fixture.py): id for id with HF.
+TEST(DemoTokenizer, MatchesHfTokenizersOnValidationSplitFiles) {
+  Tokenizer tok = Tokenizer::load(std::string(QFLASH_SOURCE_DIR) + "/models/demo");
+  std::ifstream f(std::string(QFLASH_SOURCE_DIR) + "/tests/fixtures/tokenizer/demo_validation.json");
+  auto j = nlohmann::json::parse(f);
+  ASSERT_GT(j["files"].size(), 0u);
+  for (const auto& file : j["files"]) {
+    const std::string text = file["text"].get<std::string>();
+    EXPECT_EQ(tok.encode(text), file["ids"].get<std::vector<int32_t>>()) << file["path"];
+  }
+}
+
+}  // namespace
+}  // namespace qf
