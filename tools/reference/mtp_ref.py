@@ -76,7 +76,7 @@ def rope_cos_sin(positions: torch.Tensor, rotary_dim: int, theta: float, dtype=t
     Returns cos, sin of shape [N, rotary_dim/2].
     """
     half = rotary_dim // 2
-    i = torch.arange(half, dtype=torch.float64)
+    i = torch.arange(half, dtype=torch.float64, device=positions.device)
     inv_freq = theta ** (-2.0 * i / rotary_dim)
     ang = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return ang.cos().to(dtype), ang.sin().to(dtype)
