@@ -86,8 +86,8 @@ INSTANTIATE_TEST_SUITE_P(Backends, DemoPair, ::testing::Values("cpu", "cuda"));
 
 // The CLI: stdout carries only the generated text, identical with and without drafting;
 // --stats-json writes the documented keys.
-std::string run_cli(const std::string& args, int* status) {
-  const std::string cmd = std::string(QFLASH_BINARY_DIR) + "/qflash run --device cpu " + args + " 2>/dev/null";
+// Runs a shell command; returns its stdout (and stderr when the command redirects it).
+std::string shell(const std::string& cmd, int* status) {
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -95,6 +95,12 @@ std::string run_cli(const std::string& args, int* status) {
   while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
   *status = pclose(p);
   return out;
+}
+
+std::string qflash_bin() { return std::string(QFLASH_BINARY_DIR) + "/qflash"; }
+
+std::string run_cli(const std::string& args, int* status) {
+  return shell(qflash_bin() + " run --device cpu " + args + " 2>/dev/null", status);
 }
 
 TEST(DemoCli, DefaultModelAndDraftSourcesGiveIdenticalStdout) {
@@ -121,13 +127,7 @@ TEST(DemoCli, DefaultModelAndDraftSourcesGiveIdenticalStdout) {
 
 TEST(DemoCli, BadModelFolderIsAClearError) {
   int s;
-  const std::string cmd = std::string(QFLASH_BINARY_DIR) + "/qflash run --model /nonexistent --prompt x 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  s = pclose(p);
+  const std::string out = shell(qflash_bin() + " run --model /nonexistent --prompt x 2>&1", &s);
   EXPECT_NE(s, 0);
   EXPECT_NE(out.find("/nonexistent"), std::string::npos) << out;
 }
@@ -147,14 +147,10 @@ TEST(DemoCli, DrafterGuardsFireBeforeAnyWeightsAreOpened) {
       {"mismatch_tap_id", "target_layer_ids"},       {"mismatch_architecture", "Qwen3ForCausalLM"},
       {"mismatch_block_size", "block_size"}};
   for (const auto& [dir, needle] : cases) {
-    const std::string cmd = std::string(QFLASH_BINARY_DIR) + "/qflash run --device cpu --max-tokens 1 --prompt x --draft " +
-                            QFLASH_SOURCE_DIR + "/tests/fixtures/configs/" + dir + " 2>&1";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-    const int status = pclose(p);
+    int status;
+    const std::string out = shell(qflash_bin() + " run --device cpu --max-tokens 1 --prompt x --draft " +
+                                      QFLASH_SOURCE_DIR + "/tests/fixtures/configs/" + dir + " 2>&1",
+                                  &status);
     EXPECT_NE(status, 0) << dir;
     EXPECT_NE(out.find("error (config)"), std::string::npos) << dir << ": " << out;
     EXPECT_NE(out.find(needle), std::string::npos) << dir << ": " << out;
