@@ -110,7 +110,7 @@ class Backend {
   // qg [M, n_heads, 2, head_dim] (query | gate per head) -> q, gate [M, n_heads, head_dim].
   virtual void split_qgate(const float* qg, float* q, float* gate, int M, int n_heads, int head_dim) = 0;
   // NeoX rotate-half RoPE on dims [0, rot_dim) of each head; row m at position meta->q_pos0 + m.
-  // x [M, n_heads, head_dim]; inv_freq[i] = theta^(-2i/rot_dim) computed in double, cast to f32.
+  // x [M, n_heads, head_dim]; inv_freq[i] = 1 / powf(theta, 2i/rot_dim) in fp32, as transformers does.
   virtual void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, float theta,
                     const StepMeta* meta) = 0;
   // cache[(meta->q_pos0 - meta->kv_pos0 + m), :] = rows[m, :]; cache [capacity, width].

@@ -1,0 +1,184 @@
+// GQA attention for decode and verify (flash-decoding style, two kernels).
+//
+// Kernel 1, grid (head, row, split): query row m of head h sees key rows [lo, hi) (causal /
+// window rules of backend.h, read from the StepMeta in device memory). The key buffer is cut
+// into chunks at absolute multiples of kAttnChunk; chunk c belongs to split c % kAttnSplits.
+// Each block walks its chunks in increasing order with an online softmax (running max, sum,
+// weighted V accumulator) and writes one partial. Kernel 2 combines the kAttnSplits partials of
+// a (row, head) in split order.
+//
+// Row-invariance: everything row m computes depends on its own query, its own [lo, hi) and the
+// two constants; not on M, not on n_kv beyond what bounds [lo, hi). Decode at position P+m
+// (n_kv = P+m+1) and row m of a verify block (n_kv = P+M) therefore agree bit for bit.
+// The grid depends on M and the head count only, so a captured graph can be replayed after the
+// host updates the StepMeta.
+#include <cmath>
+
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace qf::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kWarps = kThreads / 32;
+constexpr int kDPerThread = kAttnMaxHeadDim / kThreads;  // 4
+
+struct AttnGeom {
+  int n_heads, group, head_dim, kvw;
+  float scale;
+  int causal, window;
+};
+
+__device__ __forceinline__ void visible_range(const AttnGeom& G, const StepMeta* meta, int m, int64_t* lo_out,
+                                              int64_t* hi_out) {
+  const int64_t qpos = static_cast<int64_t>(meta->q_pos0) + m;
+  const int64_t kv0 = meta->kv_pos0;
+  int64_t lo = 0, hi = meta->n_kv;
+  if (G.causal && qpos - kv0 + 1 < hi) hi = qpos - kv0 + 1;
+  if (G.window > 0) {
+    if (qpos - G.window + 1 - kv0 > lo) lo = qpos - G.window + 1 - kv0;
+    if (!G.causal && qpos + G.window - kv0 < hi) hi = qpos + G.window - kv0;
+  }
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+__global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __restrict__ q, const float* __restrict__ K,
+                                                              const float* __restrict__ V, float* __restrict__ part,
+                                                              const AttnGeom G, const StepMeta* meta) {
+  const int h = blockIdx.x, m = blockIdx.y, z = blockIdx.z;
+  const int hd = G.head_dim;
+  const int g = h / G.group;
+  __shared__ float qs[kAttnMaxHeadDim];
+  __shared__ float sc[kAttnChunk];
+  __shared__ float ps[kAttnChunk];
+
+  int64_t lo, hi;
+  visible_range(G, meta, m, &lo, &hi);
+  const float* qh = q + (static_cast<size_t>(m) * G.n_heads + h) * hd;
+  for (int d = threadIdx.x; d < hd; d += kThreads) qs[d] = qh[d];
+
+  float run_max = -INFINITY, run_sum = 0.0f;
+  float acc[kDPerThread];
+#pragma unroll
+  for (int k = 0; k < kDPerThread; k++) acc[k] = 0.0f;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (hi > lo) {
+    const int64_t c_lo = lo / kAttnChunk, c_hi = (hi + kAttnChunk - 1) / kAttnChunk;
+    int64_t c = c_lo + ((z - c_lo % kAttnSplits) + kAttnSplits) % kAttnSplits;  // first chunk of this split
+    __syncthreads();  // qs
+    for (; c < c_hi; c += kAttnSplits) {
+      const int64_t cbase = c * kAttnChunk;
+      const int64_t j0 = cbase > lo ? cbase : lo;
+      const int64_t j1 = cbase + kAttnChunk < hi ? cbase + kAttnChunk : hi;
+      // scores: one warp per key, lanes over the head dimension (fixed order), then a fixed tree
+      for (int jj = warp; jj < kAttnChunk; jj += kWarps) {
+        const int64_t j = cbase + jj;
+        float s = -INFINITY;
+        if (j >= j0 && j < j1) {
+          const float* kj = K + static_cast<size_t>(j) * G.kvw + static_cast<size_t>(g) * hd;
+          float p = 0.0f;
+          for (int d = lane; d < hd; d += 32) p = fmaf(qs[d], kj[d], p);
+          s = __fmul_rn(warp_sum(p), G.scale);
+        }
+        if (lane == 0) sc[jj] = s;
+      }
+      __syncthreads();
+      float cmax = -INFINITY;
+      for (int t = 0; t < kAttnChunk; t++) cmax = fmaxf(cmax, sc[t]);
+      const float new_max = fmaxf(run_max, cmax);
+      const float alpha = expf(run_max - new_max);  // 0 on the first chunk (run_max = -inf)
+      for (int t = threadIdx.x; t < kAttnChunk; t += kThreads) {
+        const int64_t j = cbase + t;
+        ps[t] = (j >= j0 && j < j1) ? expf(sc[t] - new_max) : 0.0f;
+      }
+      __syncthreads();
+      float csum = 0.0f;
+      for (int t = 0; t < kAttnChunk; t++) csum = __fadd_rn(csum, ps[t]);
+      run_sum = __fadd_rn(__fmul_rn(run_sum, alpha), csum);
+#pragma unroll
+      for (int k = 0; k < kDPerThread; k++) {
+        const int d = threadIdx.x + k * kThreads;
+        if (d < hd) {
+          float a = __fmul_rn(acc[k], alpha);
+          for (int64_t j = j0; j < j1; j++)
+            a = fmaf(ps[j - cbase], V[static_cast<size_t>(j) * G.kvw + static_cast<size_t>(g) * hd + d], a);
+          acc[k] = a;
+        }
+      }
+      run_max = new_max;
+      __syncthreads();  // sc / ps reused by the next chunk
+    }
+  }
+  float* out = part + ((static_cast<size_t>(m) * G.n_heads + h) * kAttnSplits + z) * (hd + 2);
+  if (threadIdx.x == 0) {
+    out[0] = run_max;
+    out[1] = run_sum;
+  }
+#pragma unroll
+  for (int k = 0; k < kDPerThread; k++) {
+    const int d = threadIdx.x + k * kThreads;
+    if (d < hd) out[2 + d] = acc[k];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* __restrict__ part, float* __restrict__ o,
+                                                                int n_heads, int hd) {
+  const int h = blockIdx.x, m = blockIdx.y;
+  const float* base = part + (static_cast<size_t>(m) * n_heads + h) * kAttnSplits * (hd + 2);
+  float gmax = -INFINITY;
+  for (int z = 0; z < kAttnSplits; z++) gmax = fmaxf(gmax, base[z * (hd + 2)]);
+  float* oh = o + (static_cast<size_t>(m) * n_heads + h) * hd;
+  if (gmax == -INFINITY) {  // no visible key: the CPU twin writes zeros
+    for (int d = threadIdx.x; d < hd; d += kThreads) oh[d] = 0.0f;
+    return;
+  }
+  float wz[kAttnSplits];
+  float total = 0.0f;
+#pragma unroll
+  for (int z = 0; z < kAttnSplits; z++) {
+    const float mz = base[z * (hd + 2)];
+    wz[z] = mz == -INFINITY ? 0.0f : expf(mz - gmax);
+    if (mz != -INFINITY) total = __fadd_rn(total, __fmul_rn(base[z * (hd + 2) + 1], wz[z]));
+  }
+  for (int d = threadIdx.x; d < hd; d += kThreads) {
+    float s = 0.0f;
+#pragma unroll
+    for (int z = 0; z < kAttnSplits; z++)
+      if (wz[z] != 0.0f) s = fmaf(base[z * (hd + 2) + 2 + d], wz[z], s);
+    oh[d] = __fdiv_rn(s, total);
+  }
+}
+
+}  // namespace
+
+size_t attention_scratch_floats(int M, int n_heads, int head_dim) {
+  return static_cast<size_t>(M) * n_heads * kAttnSplits * (head_dim + 2);
+}
+
+void attention(const float* q, const float* K, const float* V, float* out, int M, const AttnParams& p,
+               const StepMeta* meta, float* scratch, cudaStream_t st) {
+  if (M <= 0 || p.n_heads <= 0) return;
+  if (p.head_dim <= 0 || p.head_dim > kAttnMaxHeadDim)
+    backend_fail("cuda attention: head_dim %d outside 1..%d", p.head_dim, kAttnMaxHeadDim);
+  if (p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0)
+    backend_fail("cuda attention: %d heads not a multiple of %d kv heads", p.n_heads, p.n_kv_heads);
+  if (M > 65535) backend_fail("cuda attention: %d rows in one call", M);
+  AttnGeom G;
+  G.n_heads = p.n_heads;
+  G.group = p.n_heads / p.n_kv_heads;
+  G.head_dim = p.head_dim;
+  G.kvw = p.n_kv_heads * p.head_dim;
+  G.scale = p.scale;
+  G.causal = p.causal ? 1 : 0;
+  G.window = p.window;
+  attn_split_kernel<<<dim3(p.n_heads, M, kAttnSplits), kThreads, 0, st>>>(q, K, V, scratch, G, meta);
+  QF_CUDA_LAUNCH_CHECK("attn_split_kernel");
+  attn_combine_kernel<<<dim3(p.n_heads, M), kThreads, 0, st>>>(scratch, out, p.n_heads, p.head_dim);
+  QF_CUDA_LAUNCH_CHECK("attn_combine_kernel");
+}
+
+}  // namespace qf::cuda

@@ -1,0 +1,286 @@
+// Small ops of the CUDA backend: embedding lookup, norms, elementwise math, q/gate split, RoPE,
+// KV writes and DFlash2's dynamic conv. Each output element (or each row, for the norms) is
+// computed by code that does not depend on the row count, mirroring the CPU twin's operation
+// order (explicit _rn intrinsics where the CPU, built with -ffp-contract=off, rounds twice).
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace qf::cuda {
+
+namespace {
+
+constexpr int kBlock = 256;
+
+__global__ void embed_kernel(WeightView E, const int32_t* __restrict__ ids, float* __restrict__ out, int M,
+                             DevError* err) {
+  const int m = blockIdx.y;
+  const int64_t id = ids[m];
+  const bool ok = id >= 0 && id < E.rows;
+  if (!ok && blockIdx.x == 0 && threadIdx.x == 0) set_error(err, kErrEmbedId, static_cast<int>(id), static_cast<int>(E.rows), m);
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < E.cols;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[m * E.cols + c] = ok ? weight_at(E, id, c) : 0.0f;
+}
+
+// ss -> 1 / sqrt(ss / n + eps), exactly the CPU's expression.
+__device__ __forceinline__ float rms_inv(float ss, int n, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
+}
+
+// Row sum of squares. WARP_ROWS: one warp per row (n <= 1024); else one 256-thread block per row.
+// The choice depends on n only; the order inside depends on n only.
+template <bool WARP_ROWS>
+__device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
+  if constexpr (WARP_ROWS) {
+    const int lane = threadIdx.x & 31;
+    float s = 0.0f;
+    for (int i = lane; i < n; i += 32) s = fmaf(xr[i], xr[i], s);
+    return warp_sum(s);
+  } else {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kBlock) s = fmaf(xr[i], xr[i], s);
+    s = warp_sum(s);
+    const int w = threadIdx.x >> 5;
+    __syncthreads();  // sh may still be read from a previous use
+    if ((threadIdx.x & 31) == 0) sh[w] = s;
+    __syncthreads();
+    float t = sh[0];
+#pragma unroll
+    for (int k = 1; k < kBlock / 32; k++) t = __fadd_rn(t, sh[k]);
+    return t;
+  }
+}
+
+template <bool WARP_ROWS, bool GATED>
+__global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const float* x, const float* gate, const float* __restrict__ w,
+                                                         float* y, int rows, int n, float eps) {
+  __shared__ float sh[kBlock / 32];
+  const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
+  if (r >= rows) return;  // uniform per warp (WARP_ROWS) or per block
+  const float* xr = x + static_cast<size_t>(r) * n;
+  float* yr = y + static_cast<size_t>(r) * n;
+  const float inv = rms_inv(row_sumsq<WARP_ROWS>(xr, n, sh), n, eps);
+  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+  const int step = WARP_ROWS ? 32 : kBlock;
+  for (int i = t0; i < n; i += step) {
+    const float wi = w ? w[i] : 1.0f;
+    if constexpr (GATED) {
+      const float g = gate[static_cast<size_t>(r) * n + i];
+      yr[i] = __fmul_rn(__fmul_rn(wi, __fmul_rn(xr[i], inv)), silu_f(g));
+    } else {
+      yr[i] = __fmul_rn(__fmul_rn(xr[i], inv), wi);
+    }
+  }
+}
+
+template <bool GATED>
+void rmsnorm_launch(const float* x, const float* gate, const float* w, float* y, int rows, int n, float eps,
+                    cudaStream_t st) {
+  if (rows <= 0 || n <= 0) return;
+  if (n <= 1024) {
+    rmsnorm_kernel<true, GATED><<<(rows + 7) / 8, kBlock, 0, st>>>(x, gate, w, y, rows, n, eps);
+  } else {
+    rmsnorm_kernel<false, GATED><<<rows, kBlock, 0, st>>>(x, gate, w, y, rows, n, eps);
+  }
+  QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+}
+
+enum class EwOp { Add, Scale, Swiglu, SigmoidMul, Softcap };
+
+template <EwOp OP>
+__global__ void ew_kernel(float* y, const float* a, const float* b, float s, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    if constexpr (OP == EwOp::Add) y[i] = __fadd_rn(y[i], a[i]);
+    if constexpr (OP == EwOp::Scale) y[i] = __fmul_rn(y[i], s);
+    if constexpr (OP == EwOp::Swiglu) y[i] = __fmul_rn(silu_f(a[i]), b[i]);
+    if constexpr (OP == EwOp::SigmoidMul) y[i] = __fmul_rn(y[i], sigmoid_f(a[i]));
+    if constexpr (OP == EwOp::Softcap) y[i] = __fmul_rn(tanhf(__fdiv_rn(y[i], s)), s);
+  }
+}
+
+template <EwOp OP>
+void ew_launch(float* y, const float* a, const float* b, float s, size_t n, cudaStream_t st) {
+  if (n == 0) return;
+  ew_kernel<OP><<<grid_for(n, kBlock), kBlock, 0, st>>>(y, a, b, s, n);
+  QF_CUDA_LAUNCH_CHECK("ew_kernel");
+}
+
+__global__ void split_qgate_kernel(const float* __restrict__ qg, float* __restrict__ q, float* __restrict__ gate,
+                                   size_t total, int hd) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const size_t mh = i / hd, d = i % hd;
+    q[i] = qg[mh * 2 * hd + d];
+    gate[i] = qg[mh * 2 * hd + hd + d];
+  }
+}
+
+__global__ void rope_kernel(float* x, int M, int nh, int hd, int half, const RopeFreqs f, const StepMeta* meta) {
+  const size_t total = static_cast<size_t>(M) * half;
+  const int32_t pos0 = meta->q_pos0;
+  for (size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int m = static_cast<int>(t / half), i = static_cast<int>(t % half);
+    const float pos = static_cast<float>(pos0 + m);
+    const float ang = __fmul_rn(pos, f.inv[i]);
+    const float c = cosf(ang), s = sinf(ang);
+    for (int h = 0; h < nh; h++) {
+      float* xh = x + (static_cast<size_t>(m) * nh + h) * hd;
+      const float a = xh[i], b = xh[i + half];
+      xh[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+      xh[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+    }
+  }
+}
+
+__global__ void kv_write_kernel(float* cache, const float* __restrict__ rows, int M, int width, const StepMeta* meta,
+                                DevError* err) {
+  const int64_t row0 = static_cast<int64_t>(meta->q_pos0) - meta->kv_pos0;
+  if (row0 < 0) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) set_error(err, kErrKvWrite, meta->q_pos0, meta->kv_pos0, 0);
+    return;
+  }
+  const size_t total = static_cast<size_t>(M) * width;
+  float* dst = cache + static_cast<size_t>(row0) * width;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = rows[i];
+}
+
+__global__ void dyn_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
+                                const float* __restrict__ D, float* __restrict__ out, int L, int H, int Kc, int gs,
+                                int side) {
+  const int G = H / gs;
+  const size_t total = static_cast<size_t>(L) * H;
+  for (size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; t < total;
+       t += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int i = static_cast<int>(t / H), c = static_cast<int>(t % H);
+    float acc = 0.0f;
+    for (int tt = 0; tt < Kc && tt <= i; tt++) {
+      const float coef = __fadd_rn(base[static_cast<size_t>(tt) * H + c],
+                                   D[static_cast<size_t>(i) * 2 * Kc * G + side * Kc * G + tt * G + c / gs]);
+      acc = __fadd_rn(acc, __fmul_rn(coef, x[static_cast<size_t>(i - tt) * H + c]));
+    }
+    out[t] = acc;
+  }
+}
+
+__device__ __forceinline__ uint64_t splitmix64_d(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// The host's f32_to_bf16: round to nearest even, NaN kept quiet.
+__device__ __forceinline__ uint16_t f32_to_bf16_d(float f) {
+  const uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
+  const uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>((u + rounding) >> 16);
+}
+
+template <bool BF16>
+__global__ void fill_random_kernel(void* dst, size_t n, uint64_t seed, float scale) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const float u = __fsub_rn(__fmul_rn(static_cast<float>(splitmix64_d(seed + i) >> 40), 2.0f / 16777216.0f), 1.0f);
+    const float v = __fmul_rn(scale, u);
+    if constexpr (BF16)
+      static_cast<uint16_t*>(dst)[i] = f32_to_bf16_d(v);
+    else
+      static_cast<float*>(dst)[i] = v;
+  }
+}
+
+__global__ void probe_kernel(int* x) {
+  if (x) *x = 1;
+}
+
+}  // namespace
+
+cudaError_t probe_launch(cudaStream_t st) {
+  probe_kernel<<<1, 1, 0, st>>>(nullptr);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) return e;
+  return cudaStreamSynchronize(st);
+}
+
+void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale, cudaStream_t st) {
+  if (n == 0) return;
+  if (dt == DType::BF16)
+    fill_random_kernel<true><<<grid_for(n, kBlock, 132 * 64), kBlock, 0, st>>>(dst, n, seed, scale);
+  else if (dt == DType::F32)
+    fill_random_kernel<false><<<grid_for(n, kBlock, 132 * 64), kBlock, 0, st>>>(dst, n, seed, scale);
+  else
+    backend_fail("cuda fill_random: dtype code %d (only BF16 and F32)", static_cast<int>(dt));
+  QF_CUDA_LAUNCH_CHECK("fill_random_kernel");
+}
+
+void embed(const WeightRef& E, const int32_t* ids, float* out, int M, DevError* err, cudaStream_t st) {
+  if (M <= 0 || E.cols <= 0) return;
+  if (E.dtype == DType::U32 && (E.group <= 0 || !E.scales || !E.biases))
+    backend_fail("cuda embed: int4 table without scales/biases/group");
+  const unsigned gx = grid_for(static_cast<size_t>(E.cols), kBlock, 64);
+  embed_kernel<<<dim3(gx, M), kBlock, 0, st>>>(view_of(E), ids, out, M, err);
+  QF_CUDA_LAUNCH_CHECK("embed_kernel");
+}
+
+void rmsnorm(const float* x, const float* w, float* y, int rows, int n, float eps, cudaStream_t st) {
+  rmsnorm_launch<false>(x, nullptr, w, y, rows, n, eps, st);
+}
+void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, int rows, int n, float eps,
+                   cudaStream_t st) {
+  rmsnorm_launch<true>(x, gate, w, y, rows, n, eps, st);
+}
+void add(float* y, const float* x, size_t n, cudaStream_t st) { ew_launch<EwOp::Add>(y, x, nullptr, 0, n, st); }
+void scale(float* y, float s, size_t n, cudaStream_t st) { ew_launch<EwOp::Scale>(y, nullptr, nullptr, s, n, st); }
+void swiglu(const float* g, const float* u, float* out, size_t n, cudaStream_t st) {
+  ew_launch<EwOp::Swiglu>(out, g, u, 0, n, st);
+}
+void sigmoid_mul(float* y, const float* g, size_t n, cudaStream_t st) {
+  ew_launch<EwOp::SigmoidMul>(y, g, nullptr, 0, n, st);
+}
+void softcap(float* y, float cap, size_t n, cudaStream_t st) {
+  if (cap <= 0) return;
+  ew_launch<EwOp::Softcap>(y, nullptr, nullptr, cap, n, st);
+}
+
+void split_qgate(const float* qg, float* q, float* gate, int M, int n_heads, int head_dim, cudaStream_t st) {
+  const size_t total = static_cast<size_t>(M) * n_heads * head_dim;
+  if (total == 0) return;
+  split_qgate_kernel<<<grid_for(total, kBlock), kBlock, 0, st>>>(qg, q, gate, total, head_dim);
+  QF_CUDA_LAUNCH_CHECK("split_qgate_kernel");
+}
+
+void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, const RopeFreqs& f, const StepMeta* meta,
+          cudaStream_t st) {
+  const int half = rot_dim / 2;
+  if (M <= 0 || half <= 0) return;
+  if (half > kMaxRopeHalf || rot_dim > head_dim)
+    backend_fail("cuda rope: rot_dim %d (head_dim %d) exceeds what the kernel supports (%d)", rot_dim, head_dim,
+                 2 * kMaxRopeHalf);
+  const size_t total = static_cast<size_t>(M) * half;
+  rope_kernel<<<grid_for(total, 128), 128, 0, st>>>(x, M, n_heads, head_dim, half, f, meta);
+  QF_CUDA_LAUNCH_CHECK("rope_kernel");
+}
+
+void kv_write(float* cache, const float* rows, int M, int width, const StepMeta* meta, DevError* err,
+              cudaStream_t st) {
+  const size_t total = static_cast<size_t>(M) * width;
+  if (total == 0) return;
+  kv_write_kernel<<<grid_for(total, kBlock), kBlock, 0, st>>>(cache, rows, M, width, meta, err);
+  QF_CUDA_LAUNCH_CHECK("kv_write_kernel");
+}
+
+void dyn_conv(const float* x, const float* base, const float* D, float* out, int L, int H, int Kc, int gs, int side,
+              cudaStream_t st) {
+  const size_t total = static_cast<size_t>(L) * H;
+  if (total == 0) return;
+  if (gs <= 0 || H % gs != 0) backend_fail("cuda dyn_conv: group size %d does not divide H %d", gs, H);
+  dyn_conv_kernel<<<grid_for(total, kBlock), kBlock, 0, st>>>(x, base, D, out, L, H, Kc, gs, side);
+  QF_CUDA_LAUNCH_CHECK("dyn_conv_kernel");
+}
+
+}  // namespace qf::cuda

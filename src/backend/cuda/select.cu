@@ -1,0 +1,264 @@
+// Selection ops: argmax_rows, topk_rows, and DFlash2's selector walk.
+//
+// argmax and top-k order elements by the strict total order "larger value first, lower index
+// among equal values" (NaN never ranks above anything). Because that order is total, the result
+// is unique and independent of how the work is split: the kernels may reduce in any tree and
+// still return exactly what the CPU twin returns.
+#include <climits>
+#include <cmath>
+
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace qf::cuda {
+
+namespace {
+
+struct VI {
+  float v;
+  int i;
+};
+// a ranks before b
+__device__ __forceinline__ bool before(float av, int ai, float bv, int bi) {
+  return av > bv || (av == bv && ai < bi);
+}
+
+// ---- argmax -----------------------------------------------------------------------------------
+constexpr int kArgThreads = 256;
+constexpr int kArgMaxBlocks = 64;
+
+__device__ __forceinline__ void warp_best(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) {
+    const float ov = __shfl_xor_sync(kFull, v, o);
+    const int oi = __shfl_xor_sync(kFull, i, o);
+    if (before(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kArgThreads) argmax_partial_kernel(const float* __restrict__ x, int n,
+                                                                     VI* __restrict__ part) {
+  const int m = blockIdx.y, nb = gridDim.x;
+  const float* r = x + static_cast<size_t>(m) * n;
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for (int i = blockIdx.x * kArgThreads + threadIdx.x; i < n; i += nb * kArgThreads) {
+    const float v = r[i];
+    if (before(v, i, bv, bi)) {
+      bv = v;
+      bi = i;
+    }
+  }
+  warp_best(bv, bi);
+  __shared__ float sv[kArgThreads / 32];
+  __shared__ int si[kArgThreads / 32];
+  if ((threadIdx.x & 31) == 0) {
+    sv[threadIdx.x >> 5] = bv;
+    si[threadIdx.x >> 5] = bi;
+  }
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    bv = threadIdx.x < kArgThreads / 32 ? sv[threadIdx.x] : -INFINITY;
+    bi = threadIdx.x < kArgThreads / 32 ? si[threadIdx.x] : INT_MAX;
+    warp_best(bv, bi);
+    if (threadIdx.x == 0) part[static_cast<size_t>(m) * nb + blockIdx.x] = VI{bv, bi};
+  }
+}
+
+__global__ void argmax_final_kernel(const VI* __restrict__ part, int nb, int32_t* out) {
+  const int m = blockIdx.x;
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for (int b = threadIdx.x; b < nb; b += 32) {
+    const VI p = part[static_cast<size_t>(m) * nb + b];
+    if (before(p.v, p.i, bv, bi)) {
+      bv = p.v;
+      bi = p.i;
+    }
+  }
+  warp_best(bv, bi);
+  // Every value NaN: the CPU twin returns 0.
+  if (threadIdx.x == 0) out[m] = bi == INT_MAX ? 0 : bi;
+}
+
+int argmax_blocks(int n) {
+  const int nb = (n + kArgThreads * 16 - 1) / (kArgThreads * 16);
+  return nb < 1 ? 1 : nb > kArgMaxBlocks ? kArgMaxBlocks : nb;
+}
+
+// ---- top-k ------------------------------------------------------------------------------------
+// Pass: each block sorts one segment of kSeg (value, index) pairs in shared memory (bitonic) and
+// keeps the first k. Passes repeat on the survivors until one segment remains.
+constexpr int kSeg = 4096;
+constexpr int kSortThreads = 512;
+
+__global__ void __launch_bounds__(kSortThreads) topk_pass_kernel(const float* __restrict__ in_v,
+                                                                 const int32_t* __restrict__ in_i, int n_in,
+                                                                 size_t in_ld, int k, float* __restrict__ out_v,
+                                                                 int32_t* __restrict__ out_i, size_t out_ld) {
+  __shared__ float sv[kSeg];
+  __shared__ int si[kSeg];
+  const int m = blockIdx.y, seg = blockIdx.x;
+  const int base = seg * kSeg;
+  const float* rv = in_v + m * in_ld;
+  const int32_t* ri = in_i ? in_i + m * in_ld : nullptr;
+  for (int t = threadIdx.x; t < kSeg; t += kSortThreads) {
+    const int e = base + t;
+    if (e < n_in) {
+      sv[t] = rv[e];
+      si[t] = ri ? ri[e] : e;
+    } else {
+      sv[t] = -INFINITY;
+      si[t] = INT_MAX;
+    }
+  }
+  __syncthreads();
+  for (int kk = 2; kk <= kSeg; kk <<= 1) {
+    for (int j = kk >> 1; j > 0; j >>= 1) {
+      for (int t = threadIdx.x; t < kSeg; t += kSortThreads) {
+        const int p = t ^ j;
+        if (p > t) {
+          const bool up = (t & kk) == 0;
+          const float a = sv[t], b = sv[p];
+          const int ai = si[t], bi = si[p];
+          const bool swap = up ? before(b, bi, a, ai) : before(a, ai, b, bi);
+          if (swap) {
+            sv[t] = b;
+            sv[p] = a;
+            si[t] = bi;
+            si[p] = ai;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  float* ov = out_v + m * out_ld + static_cast<size_t>(seg) * k;
+  int32_t* oi = out_i + m * out_ld + static_cast<size_t>(seg) * k;
+  for (int t = threadIdx.x; t < k; t += kSortThreads) {
+    ov[t] = sv[t];
+    oi[t] = si[t];
+  }
+}
+
+// ---- selector walk -----------------------------------------------------------------------------
+constexpr int kWalkThreads = 256;
+
+__global__ void __launch_bounds__(kWalkThreads) selector_walk_kernel(const float* __restrict__ cand_vals,
+                                                                     const int32_t* __restrict__ cand_ids,
+                                                                     const float* __restrict__ P, WeightView Epre,
+                                                                     WeightView Esuc, const int32_t* anchor, int k,
+                                                                     int K, int R, int32_t* drafts, float* scores,
+                                                                     DevError* err) {
+  extern __shared__ float sm[];
+  float* gp = sm;      // [R]
+  float* sc = sm + R;  // [K]
+  __shared__ int pred_s;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = kWalkThreads / 32;
+  if (threadIdx.x == 0) pred_s = *anchor;
+  __syncthreads();
+  for (int j = 0; j < k; j++) {
+    const int pred = pred_s;
+    const bool pred_ok = pred >= 0 && pred < Epre.rows;
+    if (!pred_ok && threadIdx.x == 0) set_error(err, kErrSelectorId, pred, static_cast<int>(Epre.rows), j);
+    for (int r = threadIdx.x; r < R; r += kWalkThreads)
+      gp[r] = pred_ok ? __fmul_rn(weight_at(Epre, pred, r), P[static_cast<size_t>(j) * R + r]) : 0.0f;
+    __syncthreads();
+    for (int c = warp; c < K; c += nw) {
+      const int32_t b = cand_ids[static_cast<size_t>(j) * K + c];
+      const bool ok = b >= 0 && b < Esuc.rows;
+      float s = 0.0f;
+      if (ok)
+        for (int r = lane; r < R; r += 32) s = fmaf(gp[r], weight_at(Esuc, b, r), s);
+      s = warp_sum(s);
+      s = __fadd_rn(s, cand_vals[static_cast<size_t>(j) * K + c]);
+      if (lane == 0) {
+        if (!ok) set_error(err, kErrSelectorId, b, static_cast<int>(Esuc.rows), j);
+        sc[c] = s;
+        scores[static_cast<size_t>(j) * K + c] = s;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int best = 0;
+      for (int c = 1; c < K; c++)
+        if (sc[c] > sc[best]) best = c;  // strict: the first maximum wins
+      const int32_t d = cand_ids[static_cast<size_t>(j) * K + best];
+      drafts[j] = d;
+      pred_s = d;
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+size_t argmax_scratch_bytes(int M, int n) { return static_cast<size_t>(M) * argmax_blocks(n) * sizeof(VI); }
+
+void argmax_rows(const float* x, int M, int n, int32_t* out, void* scratch, cudaStream_t st) {
+  if (M <= 0) return;
+  if (n <= 0) backend_fail("cuda argmax_rows: empty rows");
+  const int nb = argmax_blocks(n);
+  VI* part = static_cast<VI*>(scratch);
+  argmax_partial_kernel<<<dim3(nb, M), kArgThreads, 0, st>>>(x, n, part);
+  QF_CUDA_LAUNCH_CHECK("argmax_partial_kernel");
+  argmax_final_kernel<<<M, 32, 0, st>>>(part, nb, out);
+  QF_CUDA_LAUNCH_CHECK("argmax_final_kernel");
+}
+
+size_t topk_scratch_bytes(int M, int n, int k) {
+  const size_t nseg = (static_cast<size_t>(n) + kSeg - 1) / kSeg;
+  if (nseg <= 1) return 0;
+  // two ping-pong buffers of (value, index) planes
+  return 2 * static_cast<size_t>(M) * nseg * k * (sizeof(float) + sizeof(int32_t));
+}
+
+void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, void* scratch, cudaStream_t st) {
+  if (M <= 0 || k <= 0) return;
+  if (k > n) backend_fail("cuda topk_rows: k %d exceeds the row length %d", k, n);
+  if (k > kSeg / 2) backend_fail("cuda topk_rows: k %d exceeds the supported %d", k, kSeg / 2);
+  const size_t nseg0 = (static_cast<size_t>(n) + kSeg - 1) / kSeg;
+  const size_t plane = static_cast<size_t>(M) * nseg0 * k;  // elements per buffer plane
+  char* s = static_cast<char*>(scratch);
+  float* bufv[2] = {reinterpret_cast<float*>(s), reinterpret_cast<float*>(s + plane * 8)};
+  int32_t* bufi[2] = {reinterpret_cast<int32_t*>(s + plane * 4), reinterpret_cast<int32_t*>(s + plane * 12)};
+  const float* in_v = x;
+  const int32_t* in_i = nullptr;
+  size_t in_ld = static_cast<size_t>(n);
+  int n_cur = n, which = 0;
+  for (;;) {
+    const int nseg = (n_cur + kSeg - 1) / kSeg;
+    if (nseg == 1) {
+      topk_pass_kernel<<<dim3(1, M), kSortThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, vals, ids,
+                                                            static_cast<size_t>(k));
+      QF_CUDA_LAUNCH_CHECK("topk_pass_kernel");
+      return;
+    }
+    const size_t out_ld = static_cast<size_t>(nseg) * k;
+    topk_pass_kernel<<<dim3(nseg, M), kSortThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, bufv[which], bufi[which],
+                                                             out_ld);
+    QF_CUDA_LAUNCH_CHECK("topk_pass_kernel");
+    in_v = bufv[which];
+    in_i = bufi[which];
+    in_ld = out_ld;
+    n_cur = nseg * k;
+    which ^= 1;
+  }
+}
+
+void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float* P, const WeightRef& Epre,
+                   const WeightRef& Esuc, const int32_t* anchor, int k, int K, int R, int32_t* drafts, float* scores,
+                   DevError* err, cudaStream_t st) {
+  if (k <= 0 || K <= 0) return;
+  if (R > Epre.cols || R > Esuc.cols) backend_fail("cuda selector_walk: rank %d exceeds the codebooks' columns", R);
+  const size_t smem = static_cast<size_t>(R + K) * sizeof(float);
+  if (smem > 48 * 1024) backend_fail("cuda selector_walk: rank %d + top-k %d too large", R, K);
+  selector_walk_kernel<<<1, kWalkThreads, smem, st>>>(cand_vals, cand_ids, P, view_of(Epre), view_of(Esuc), anchor, k,
+                                                      K, R, drafts, scores, err);
+  QF_CUDA_LAUNCH_CHECK("selector_walk_kernel");
+}
+
+}  // namespace qf::cuda
