@@ -63,7 +63,14 @@ int cmd_run(const RunArgs& a) {
     if (!trace) fail(ErrorKind::Io, "cannot write --trace file '%s'", a.trace.c_str());
   }
   StreamDecoder dec(engine->tokenizer());
+  const int32_t n_text_ids = engine->tokenizer().vocab_size();
+  bool warned = false;
   auto on_token = [&](int32_t t) {
+    if (t >= n_text_ids) {  // a padding row of the embedding (the model's vocab is padded)
+      if (!warned) log_warn("generated id %d has no text (tokenizer has %d ids); not printed", t, n_text_ids);
+      warned = true;
+      return true;
+    }
     std::string s = dec.push(t);
     if (!s.empty()) {
       std::fwrite(s.data(), 1, s.size(), stdout);
