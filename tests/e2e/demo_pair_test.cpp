@@ -202,3 +202,30 @@ TEST(DemoTokenizer, MatchesHfTokenizersOnValidationSplitFiles) {
 
 }  // namespace
 }  // namespace qf
+
+namespace qf {
+namespace {
+
+// On the trained weights, qflash's greedy continuation equals transformers' (fp32, uncached) —
+// tools/reference/demo_greedy_fixture.py; the smallest top-1/top-2 margin is recorded per case.
+TEST(DemoParity, GreedyMatchesTransformers) {
+  std::ifstream f(std::string(QFLASH_SOURCE_DIR) + "/tests/fixtures/target/demo_greedy.json");
+  auto j = nlohmann::json::parse(f);
+  auto be = make_cpu_backend();
+  auto m = Qwen38Model::load(demo_dir(), be.get(), 16);
+  for (const auto& c : j["cases"]) {
+    const auto want = c["greedy"].get<std::vector<int32_t>>();
+    Generator g(*m, nullptr, 512);
+    GenerateOptions o;
+    o.max_new_tokens = static_cast<int>(want.size());
+    std::vector<int32_t> got;
+    g.generate(c["prompt_ids"].get<std::vector<int32_t>>(), o, [&](int32_t t) {
+      got.push_back(t);
+      return true;
+    });
+    EXPECT_EQ(got, want) << "min margin " << c["min_margin"];
+  }
+}
+
+}  // namespace
+}  // namespace qf
