@@ -229,3 +229,39 @@ TEST(DemoParity, GreedyMatchesTransformers) {
 
 }  // namespace
 }  // namespace qf
+
+namespace qf {
+namespace {
+
+// `qflash bench` runs end to end (real acceptance on two prompts, and forced acceptance on a
+// synthetic model) and writes the documented JSON.
+TEST(DemoCli, BenchWritesItsReport) {
+  int s;
+  const std::string json = ::testing::TempDir() + "/qflash_bench.json";
+  shell(qflash_bin() + " bench --device cpu --prompts " + demo_dir() + "/validation_prompts.jsonl --n-prompts 2 --gen 8 --reps 2 --json " +
+            json + " >/dev/null 2>&1",
+        &s);
+  ASSERT_EQ(s, 0);
+  std::ifstream f(json);
+  auto j = nlohmann::json::parse(f);
+  EXPECT_GT(j["copy_ceiling_gbps"].get<double>(), 0);
+  EXPECT_GT(j["ops"]["decode_ms"].get<double>(), 0);
+  EXPECT_TRUE(j["ops"].contains("verify8_over_decode"));
+  EXPECT_TRUE(j["ops"].contains("dflash2_draft_over_decode"));
+  ASSERT_EQ(j["runs"].size(), 3u);  // plain, mtp, dflash2
+  for (const auto& r : j["runs"]) EXPECT_GE(r["tau"].get<double>(), 1.0);
+
+  const std::string cfg = std::string(QFLASH_SOURCE_DIR) + "/tests/fixtures/configs/";
+  shell(qflash_bin() + " bench --device cpu --synthetic " + cfg + "qwen38_tiny_text/config.json --synthetic-drafter " + cfg +
+            "dflash2_tiny/config.json --force-accept 0,7 --gen 24 --reps 2 --no-mtp --json " + json + " >/dev/null 2>&1",
+        &s);
+  ASSERT_EQ(s, 0);
+  std::ifstream f2(json);
+  auto k = nlohmann::json::parse(f2);
+  ASSERT_EQ(k["runs"].size(), 3u);  // plain, dflash2 forced 0, dflash2 forced 7
+  EXPECT_EQ(k["runs"][1]["tau"].get<double>(), 1.0);
+  EXPECT_GT(k["runs"][2]["tau"].get<double>(), 6.0);  // 7 forced + bonus, last rounds shorter
+}
+
+}  // namespace
+}  // namespace qf
