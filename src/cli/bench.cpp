@@ -162,9 +162,16 @@ int cmd_bench(const BenchArgs& a) {
     std::string line;
     while (std::getline(f, line) && static_cast<int>(prompts.size()) < a.n_prompts) {
       if (line.empty()) continue;
+      // JSONL with token ids ("ids") or text ("text" or "prompt"); otherwise the line is the text.
       auto j = nlohmann::json::parse(line, nullptr, false);
-      std::string text = j.is_object() && j.contains("prompt") ? j["prompt"].get<std::string>()
-                         : j.is_string() ? j.get<std::string>() : line;
+      if (j.is_object() && j.contains("ids")) {
+        prompts.push_back(j["ids"].get<std::vector<int32_t>>());
+        continue;
+      }
+      std::string text = line;
+      if (j.is_object() && j.contains("text")) text = j["text"].get<std::string>();
+      else if (j.is_object() && j.contains("prompt")) text = j["prompt"].get<std::string>();
+      else if (j.is_string()) text = j.get<std::string>();
       prompts.push_back(tok->encode(text));
     }
   }

@@ -30,6 +30,13 @@ struct BenchArgs {
 void add_bench_options(CLI::App* cmd, BenchArgs& a);
 int cmd_bench(const BenchArgs& a);
 
+struct QuantizeArgs {
+  std::string model, out;
+  int group = 64;
+  bool keep_head = false;
+};
+int cmd_quantize(const QuantizeArgs& a);
+
 std::string read_file_or_throw(const std::string& path);
 
 }  // namespace qf::cli

@@ -4,6 +4,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "io/config.h"
+#include "io/quantize.h"
 #include "io/safetensors.h"
 
 namespace qf::cli {
@@ -61,6 +62,14 @@ int cmd_inspect(const std::string& dir) {
     status = 1;
   }
   return status;
+}
+
+int cmd_quantize(const QuantizeArgs& a) {
+  QuantizeOptions o;
+  o.group = a.group;
+  o.keep_embed_and_head = a.keep_head;
+  quantize_checkpoint(a.model, a.out, o);
+  return 0;
 }
 
 }  // namespace qf::cli

@@ -37,6 +37,13 @@ int main(int argc, char** argv) {
   CLI::App* bench_cmd = app.add_subcommand("bench", "measure decode / verify / draft speed (plain, MTP, DFlash2)");
   qf::cli::add_bench_options(bench_cmd, bench);
 
+  qf::cli::QuantizeArgs qa;
+  CLI::App* quant_cmd = app.add_subcommand("quantize", "write an int4 (group-affine, mlx layout) copy of a checkpoint");
+  quant_cmd->add_option("--model", qa.model, "source checkpoint folder")->required();
+  quant_cmd->add_option("--out", qa.out, "new output folder (must not exist or be empty)")->required();
+  quant_cmd->add_option("--group", qa.group, "group size: 32, 64 (default) or 128");
+  quant_cmd->add_flag("--keep-head", qa.keep_head, "keep embed_tokens and lm_head in bf16");
+
   std::string inspect_dir;
   CLI::App* insp_cmd = app.add_subcommand("inspect", "print a checkpoint's config summary, tensors and guard results");
   insp_cmd->add_option("dir", inspect_dir, "model (or drafter) folder")->required();
@@ -52,6 +59,7 @@ int main(int argc, char** argv) {
     if (tok_cmd->parsed()) return qf::cli::cmd_tokenize(tk);
     if (insp_cmd->parsed()) return qf::cli::cmd_inspect(inspect_dir);
     if (bench_cmd->parsed()) return qf::cli::cmd_bench(bench);
+    if (quant_cmd->parsed()) return qf::cli::cmd_quantize(qa);
   } catch (const qf::Error& e) {
     std::fprintf(stderr, "qflash: error (%s): %s\n", qf::error_kind_name(e.kind()), e.what());
     return e.kind() == qf::ErrorKind::Usage ? 2 : 1;

@@ -60,8 +60,10 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_synthetic(const std::string& conf
   m->be_ = be;
   m->max_rows_ = max_rows;
   m->cfg_ = load_target_config(config_path);
-  m->layout_ = TargetLayout::Text;
-  m->prefix_ = "model.";
+  // The tensor names of the layout the config describes (Qwen/Qwen3.8-27B is multimodal).
+  const bool mm = m->cfg_.layout == "multimodal";
+  m->layout_ = mm ? TargetLayout::Multimodal : TargetLayout::Text;
+  m->prefix_ = mm ? "model.language_model." : "model.";
   m->ws_ = std::make_unique<WeightSet>(be, seed);
   m->has_mtp_ = m->cfg_.mtp_num_hidden_layers > 0;
   m->build(config_path + " (synthetic random weights)", "lm_head.weight");

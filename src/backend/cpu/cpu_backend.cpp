@@ -69,10 +69,12 @@ inline void dequant_int4_row(const WeightRef& W, int64_t r, float* out) {
   const int64_t ng = W.cols / W.group;
   const uint16_t* sc = static_cast<const uint16_t*>(W.scales) + static_cast<size_t>(r) * ng;
   const uint16_t* bi = static_cast<const uint16_t*>(W.biases) + static_cast<size_t>(r) * ng;
-  for (int64_t c = 0; c < W.cols; c++) {
-    uint32_t nib = (q[c / 8] >> (4 * (c % 8))) & 0xfu;
-    float s = bf16_to_f32(sc[c / W.group]), b = bf16_to_f32(bi[c / W.group]);
-    out[c] = static_cast<float>(nib) * s + b;
+  for (int64_t g = 0; g < ng; g++) {
+    const float s = bf16_to_f32(sc[g]), b = bf16_to_f32(bi[g]);
+    for (int64_t w = g * W.group / 8; w < (g + 1) * W.group / 8; w++) {
+      const uint32_t word = q[w];
+      for (int j = 0; j < 8; j++) out[w * 8 + j] = static_cast<float>((word >> (4 * j)) & 0xfu) * s + b;
+    }
   }
 }
 
