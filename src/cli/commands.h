@@ -1,4 +1,5 @@
 #pragma once
+#include <cstdint>
 #include <string>
 
 namespace CLI {
@@ -9,7 +10,9 @@ namespace qf::cli {
 
 struct RunArgs {
   std::string model, prompt, prompt_file, draft = "auto", device = "auto", stats_json, trace;
-  int max_tokens = 128, draft_k = -1, max_context = 4096;
+  int max_tokens = 128, draft_k = -1, max_context = 4096, top_k = 0;
+  float temperature = 0.0f, top_p = 1.0f;
+  uint64_t seed = 0;
   bool chat = false, no_think = false, stats = false, no_stop = false;
 };
 void add_run_options(CLI::App* cmd, RunArgs& a);

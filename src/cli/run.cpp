@@ -37,6 +37,12 @@ void add_run_options(CLI::App* c, RunArgs& a) {
   c->add_option("--stats-json", a.stats_json, "write the statistics as one JSON object to this file");
   c->add_option("--trace", a.trace, "write one JSON line per round (pos, drafts, accepted, bonus)");
   c->add_flag("--ignore-eos", a.no_stop, "do not stop at end-of-sequence tokens");
+  c->add_option("--temperature", a.temperature, "0 = greedy (default); > 0 samples, lossless in distribution")
+      ->check(CLI::Range(0.0f, 100.0f));
+  c->add_option("--top-k", a.top_k, "keep the k most likely tokens (0 = off); shapes the target's p only")
+      ->check(CLI::Range(0, 1 << 24));
+  c->add_option("--top-p", a.top_p, "nucleus sampling threshold (1 = off)")->check(CLI::Range(0.0f, 1.0f));
+  c->add_option("--seed", a.seed, "random seed for sampling");
 }
 
 int cmd_run(const RunArgs& a) {
@@ -55,6 +61,10 @@ int cmd_run(const RunArgs& a) {
   GenerateOptions go;
   go.max_new_tokens = a.max_tokens;
   go.draft_k = a.draft_k;
+  go.sampling.temperature = a.temperature;
+  go.sampling.top_k = a.top_k;
+  go.sampling.top_p = a.top_p;
+  go.sampling.seed = a.seed;
   if (!a.no_stop) go.stop_ids = engine->stop_ids();
 
   FILE* trace = nullptr;

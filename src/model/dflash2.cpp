@@ -115,6 +115,21 @@ std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load_synthetic(const std::string
   return load(config_path, t.config(), &t.backend(), t.embed_weight(), t.lm_head_weight(), t.max_rows(), seed);
 }
 
+std::vector<float> DFlash2Drafter::codebook_row(const WeightRef& w, int32_t row) const {
+  QF_CHECK(row >= 0 && row < w.rows, "codebook row %d of %lld", row, (long long)w.rows);
+  std::vector<float> out(static_cast<size_t>(w.cols));
+  if (w.dtype == DType::F32) {
+    be_->download(out.data(), static_cast<const float*>(w.data) + static_cast<size_t>(row) * w.cols, out.size() * 4);
+  } else if (w.dtype == DType::BF16 || w.dtype == DType::F16) {
+    std::vector<uint16_t> h(out.size());
+    be_->download(h.data(), static_cast<const uint16_t*>(w.data) + static_cast<size_t>(row) * w.cols, h.size() * 2);
+    for (size_t i = 0; i < h.size(); i++) out[i] = w.dtype == DType::BF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+  } else {
+    fail(ErrorKind::Tensor, "sampled selector walk needs bf16/f16/f32 codebooks (found %s)", dtype_name(w.dtype));
+  }
+  return out;
+}
+
 void DFlash2Drafter::reset() {
   n_ctx_ = 0;
   ctx_pos0_ = 0;

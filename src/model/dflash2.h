@@ -37,6 +37,7 @@ class DFlash2Drafter {
   int max_drafts() const { return cfg_.block_size - 1; }
   bool is_v2() const { return cfg_.is_v2; }
   size_t weight_bytes() const { return ws_->imported_bytes(); }
+  Backend& backend() const { return *be_; }
 
   void reset();  // empty context
   // Appends context rows: target tap rows (backend memory, [n, Nt*H], rows contiguous with
@@ -56,10 +57,15 @@ class DFlash2Drafter {
   const int32_t* cand_ids() const { return cand_ids_.i(); }
   const float* cand_vals() const { return cand_vals_.f(); }
   const float* scores() const { return scores_.f(); }
+  const float* selector_hidden() const { return P_.f(); }  // [k, R] hidden_projection of final rows
+  // Host copies of one codebook row (sampled selector walks at T > 0).
+  std::vector<float> predecessor_row(int32_t token) const { return codebook_row(epre_, token); }
+  std::vector<float> successor_row(int32_t token) const { return codebook_row(esuc_, token); }
 
  private:
   DFlash2Drafter() = default;
   void compact(int incoming);
+  std::vector<float> codebook_row(const WeightRef& w, int32_t row) const;
   void layer_forward(DFlashLayer& L, float* h, int rows, const DumpHook* dump, int l);
   Backend* be_ = nullptr;
   WeightRef embed_, lm_head_;  // borrowed from the target

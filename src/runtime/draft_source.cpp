@@ -7,8 +7,13 @@
 
 namespace qf {
 
+void DraftSource::draft_sampled(int32_t, int, int, float, Rng&, int32_t*, std::vector<DraftDist>&) {
+  fail(ErrorKind::Usage, "draft source '%s' does not support sampling (temperature > 0)", name().c_str());
+}
+
 MtpDraftSource::MtpDraftSource(Qwen38Model& target, int max_pos)
-    : head_(MtpHead::load(target, max_pos)), be_(&target.backend()), H_(target.config().hidden_size) {
+    : head_(MtpHead::load(target, max_pos)), be_(&target.backend()), H_(target.config().hidden_size),
+      V_(target.config().vocab_size) {
   seed_hidden_ = DeviceBuffer(be_, static_cast<size_t>(H_) * sizeof(float));
 }
 
@@ -28,6 +33,7 @@ void MtpDraftSource::observe(const Qwen38Model& target, int pos0, int n, const i
       be_->copy(seed_hidden_.get(), head_->out_hidden() + static_cast<size_t>(m - 1) * H, H * sizeof(float));
       be_->download(&seed_draft_, head_->argmax_ids() + (m - 1), sizeof(int32_t));
       seed_pos_ = pos0 + n - 1;
+      seed_row_ = m - 1;
     }
   }
 }
@@ -43,6 +49,27 @@ void MtpDraftSource::draft(int32_t anchor, int pos, int k, int32_t* out) {
     head_->forward(&out[i - 1], seed_hidden_.f(), 1, pos + i - 1);
     be_->copy(seed_hidden_.get(), head_->out_hidden(), H_ * sizeof(float));
     be_->download(&out[i], head_->argmax_ids(), sizeof(int32_t));
+  }
+}
+
+void MtpDraftSource::draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
+                                   std::vector<DraftDist>& q) {
+  QF_CHECK(seed_pos_ == pos - 1, "MTP seed at pair %d, round at %d", seed_pos_, pos);
+  (void)anchor;
+  q.assign(k, DraftDist{});
+  std::vector<float> logits(V_);
+  // Draft i is drawn from the head's softmax at `temperature`; its logits row is still in the
+  // head's buffer (row seed_row_ after observe, row 0 after each chained step).
+  const float* row = head_->logits() + static_cast<size_t>(seed_row_) * V_;
+  for (int i = 0; i < k; i++) {
+    if (i > 0) {
+      head_->forward(&out[i - 1], seed_hidden_.f(), 1, pos + i - 1);
+      be_->copy(seed_hidden_.get(), head_->out_hidden(), H_ * sizeof(float));
+      row = head_->logits();
+    }
+    be_->download(logits.data(), row, V_ * sizeof(float));
+    softmax_t(logits.data(), V_, temperature, q[i].probs);
+    out[i] = sample_from(q[i].probs, rng);
   }
 }
 
@@ -64,6 +91,55 @@ void DFlashDraftSource::observe(const Qwen38Model& target, int pos0, int n, cons
 
 void DFlashDraftSource::draft(int32_t anchor, int pos, int k, int32_t* out) {
   drafter_->draft(anchor, pos, k, out);
+}
+
+}  // namespace qf
+
+namespace qf {
+
+// DFlash2 at T > 0: the drafter's block pass and candidates as in greedy drafting, then the
+// selector walk samples k* ~ softmax(s / T) over the top-K given the sampled predecessor
+// (spec/dflash2.md 3.1 step 5); q_j is that softmax on the candidate ids. DFlash v1 samples each
+// row from softmax(logits / T) independently.
+void DFlashDraftSource::draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
+                                      std::vector<DraftDist>& q) {
+  DFlash2Drafter& d = *drafter_;
+  d.draft(anchor, pos, k, out);
+  Backend& be = d.backend();
+  q.assign(k, DraftDist{});
+  const DrafterConfig& c = d.config();
+  if (!d.is_v2()) {
+    const int V = c.vocab_size;
+    std::vector<float> logits(static_cast<size_t>(k) * V);
+    be.download(logits.data(), d.logits(), logits.size() * 4);
+    for (int j = 0; j < k; j++) {
+      softmax_t(logits.data() + static_cast<size_t>(j) * V, V, temperature, q[j].probs);
+      out[j] = sample_from(q[j].probs, rng);
+    }
+    return;
+  }
+  const int K = c.selector_top_k, R = c.selector_rank;
+  std::vector<float> vals(static_cast<size_t>(k) * K), P(static_cast<size_t>(k) * R);
+  std::vector<int32_t> ids(static_cast<size_t>(k) * K);
+  be.download(vals.data(), d.cand_vals(), vals.size() * 4);
+  be.download(ids.data(), d.cand_ids(), ids.size() * 4);
+  be.download(P.data(), d.selector_hidden(), P.size() * 4);
+  int32_t pred = anchor;
+  std::vector<float> gp(R), scores(K);
+  for (int j = 0; j < k; j++) {
+    const std::vector<float> epre = d.predecessor_row(pred);
+    for (int r = 0; r < R; r++) gp[r] = epre[r] * P[static_cast<size_t>(j) * R + r];
+    for (int cand = 0; cand < K; cand++) {
+      const std::vector<float> esuc = d.successor_row(ids[static_cast<size_t>(j) * K + cand]);
+      float s = 0;
+      for (int r = 0; r < R; r++) s += gp[r] * esuc[r];
+      scores[cand] = s + vals[static_cast<size_t>(j) * K + cand];
+    }
+    softmax_t(scores.data(), K, temperature, q[j].probs);
+    q[j].ids.assign(ids.begin() + static_cast<size_t>(j) * K, ids.begin() + static_cast<size_t>(j + 1) * K);
+    out[j] = q[j].ids[sample_from(q[j].probs, rng)];
+    pred = out[j];
+  }
 }
 
 }  // namespace qf

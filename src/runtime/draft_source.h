@@ -9,6 +9,7 @@
 #include "model/dflash2.h"
 #include "model/mtp.h"
 #include "model/qwen38.h"
+#include "runtime/sampling.h"
 
 namespace qf {
 
@@ -27,6 +28,10 @@ class DraftSource {
   virtual void observe(const Qwen38Model& target, int pos0, int n, const int32_t* next_tokens) = 0;
   // Propose k drafts following `anchor` (at position `pos`, not yet fed to the target).
   virtual void draft(int32_t anchor, int pos, int k, int32_t* out) = 0;
+  // Sampling (T > 0): drafts drawn from the source's own distribution at `temperature`, with
+  // that distribution q per draft (spec/speculative.md section 5).
+  virtual void draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
+                             std::vector<DraftDist>& q);
 };
 
 // The checkpoint's MTP head, chained k times (spec/qwen38.md 4.2).
@@ -39,6 +44,8 @@ class MtpDraftSource final : public DraftSource {
   void begin(int prompt_len) override;
   void observe(const Qwen38Model& target, int pos0, int n, const int32_t* next_tokens) override;
   void draft(int32_t anchor, int pos, int k, int32_t* out) override;
+  void draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
+                     std::vector<DraftDist>& q) override;
   MtpHead& head() { return *head_; }
 
  private:
@@ -48,6 +55,8 @@ class MtpDraftSource final : public DraftSource {
   DeviceBuffer seed_hidden_;  // Hm of the last observed pair: input of the next chained step
   int32_t seed_draft_ = -1;   // its argmax: the first draft of the next round
   int seed_pos_ = -1;         // pair position of the seed
+  int seed_row_ = 0;          // its row in the head's logits (valid until the next head forward)
+  int V_;
 };
 
 // The DFlash2 (or v1) block drafter (spec/dflash2.md section 4).
@@ -62,6 +71,8 @@ class DFlashDraftSource final : public DraftSource {
   void begin(int prompt_len) override;
   void observe(const Qwen38Model& target, int pos0, int n, const int32_t* next_tokens) override;
   void draft(int32_t anchor, int pos, int k, int32_t* out) override;
+  void draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
+                     std::vector<DraftDist>& q) override;
   DFlash2Drafter& drafter() { return *drafter_; }
 
  private:

@@ -47,6 +47,24 @@ GenStats Generator::generate(const std::vector<int32_t>& prompt, const GenerateO
   const bool taps = source_ && source_->needs_taps();
   const int R = target_.max_rows();
 
+  const bool sampled = !opt.sampling.greedy();
+  const int V = target_.config().vocab_size;
+  Rng rng(opt.sampling.seed);
+  std::vector<float> logits_host, p, res;
+  std::vector<DraftDist> q;
+  // The next token from the last row of the target's logits: argmax, or a draw from p at T > 0.
+  auto pick_first = [&]() -> int32_t {
+    int32_t t;
+    if (!sampled) {
+      be.download(&t, target_.argmax_ids(), sizeof(int32_t));
+      return t;
+    }
+    logits_host.resize(V);
+    be.download(logits_host.data(), target_.logits(), V * sizeof(float));
+    target_probs(logits_host.data(), V, opt.sampling, p);
+    return sample_from(p, rng);
+  };
+
   // ---- prefill (shared by plain and speculative decoding) ----
   auto t0 = Clock::now();
   int32_t first = -1;
@@ -60,7 +78,7 @@ GenStats Generator::generate(const std::vector<int32_t>& prompt, const GenerateO
     fo.taps = taps;
     fo.final_hidden = source_ != nullptr;
     target_.forward(ts, prompt.data() + off, m, fo);
-    if (last) be.download(&first, target_.argmax_ids(), sizeof(int32_t));
+    if (last) first = pick_first();
     if (source_) {
       for (int i = 0; i < m; i++) next[i] = (off + i + 1 < N) ? prompt[off + i + 1] : first;
       source_->observe(target_, off, m, next.data());
@@ -111,7 +129,10 @@ GenStats Generator::generate(const std::vector<int32_t>& prompt, const GenerateO
     k = std::max(k, 0);
     auto tr = Clock::now();
     if (k > 0) {
-      source_->draft(anchor, P, k, drafts.data());
+      if (sampled)
+        source_->draft_sampled(anchor, P, k, opt.sampling.temperature, rng, drafts.data(), q);
+      else
+        source_->draft(anchor, P, k, drafts.data());
       st.draft_ms += ms_since(tr);
     }
     tokens[0] = anchor;
@@ -122,16 +143,40 @@ GenStats Generator::generate(const std::vector<int32_t>& prompt, const GenerateO
     fo.taps = taps;
     fo.final_hidden = source_ != nullptr;
     target_.forward(ts, tokens.data(), k + 1, fo);
-    be.download(targ.data(), target_.argmax_ids(), (k + 1) * sizeof(int32_t));
+    if (sampled) {
+      logits_host.resize(static_cast<size_t>(k + 1) * V);
+      be.download(logits_host.data(), target_.logits(), logits_host.size() * sizeof(float));
+    } else {
+      be.download(targ.data(), target_.argmax_ids(), (k + 1) * sizeof(int32_t));
+    }
     st.verify_ms += ms_since(tv);
 
     auto ta = Clock::now();
     int a = 0;
-    if (opt.force_accept >= 0)
-      a = std::min(opt.force_accept, k);
-    else
-      while (a < k && drafts[a] == targ[a]) a++;
-    const int32_t bonus = targ[a];
+    int32_t bonus;
+    if (sampled) {
+      // Accept draft j while u * q_j(d_j) < p_j(d_j); at the first rejection draw from
+      // normalize(max(p_j - q_j, 0)); if all are accepted, draw the bonus from p_k.
+      bonus = -1;
+      for (; a < k; a++) {
+        target_probs(logits_host.data() + static_cast<size_t>(a) * V, V, opt.sampling, p);
+        const int32_t d = drafts[a];
+        if (uniform01(rng) * q[a].prob_of(d) < p[d]) continue;
+        residual(p, q[a], res);
+        bonus = sample_from(res, rng);
+        break;
+      }
+      if (bonus < 0) {
+        target_probs(logits_host.data() + static_cast<size_t>(k) * V, V, opt.sampling, p);
+        bonus = sample_from(p, rng);
+      }
+    } else {
+      if (opt.force_accept >= 0)
+        a = std::min(opt.force_accept, k);
+      else
+        while (a < k && drafts[a] == targ[a]) a++;
+      bonus = targ[a];
+    }
     if (a < k) target_.rollback(ts, a, P + a + 1);
     if (source_) {
       for (int i = 0; i < a; i++) next[i] = drafts[i];

@@ -8,6 +8,7 @@
 
 #include "model/qwen38.h"
 #include "runtime/draft_source.h"
+#include "runtime/sampling.h"
 #include "runtime/stats.h"
 
 namespace qf {
@@ -19,6 +20,9 @@ struct GenerateOptions {
   // Forced acceptance for benchmarks on random weights: accept exactly min(force_accept, k)
   // drafts each round whatever the target says. Breaks identity by design; never used by run.
   int force_accept = -1;
+  // Temperature 0 (default): greedy, byte-identical across draft sources. T > 0: sampled, and
+  // lossless in distribution through the speculative acceptance rule.
+  SamplingParams sampling;
 };
 
 // Called for every emitted token, in order. Return false to stop early.
