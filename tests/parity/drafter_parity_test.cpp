@@ -28,6 +28,8 @@ struct Case {
   std::string backend;
 };
 
+void PrintTo(const Case& c, std::ostream* os) { *os << c.folder << "/case" << c.index << "/" << c.backend; }
+
 class DrafterParity : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DrafterParity, BlockPassMatchesReference) {

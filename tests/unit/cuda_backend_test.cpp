@@ -652,6 +652,9 @@ TEST(CudaSelect, ArgmaxExactWithTies) {
     for (int i = 0; i < n; i++)
       if (i != n / 2) at(4, i) = -std::fabs(at(4, i)) - 1.0f;
     if (n > 1) at(4, n - 1) = 0.0f;
+    // NaN: never picked after index 0 (row 1), but a NaN at index 0 is never beaten (row 5)
+    if (n > 10) at(1, 5) = NAN;
+    at(5, 0) = NAN;
     std::vector<int32_t> ref(M);
     C->argmax_rows(x.data(), M, n, ref.data());
     DeviceBuffer dx = up(G, x), dout(G, M * 4);

@@ -116,9 +116,10 @@ class CudaBackend final : public Backend {
       QF_CUDA_CHECK(cudaEventRecord(ring_ev_[i], st_));
       return;
     }
-    // From pageable memory the driver stages the bytes before returning (after draining the
-    // stream), so the caller may reuse its buffer at once.
-    QF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_));
+    // Larger uploads go through the pinned staging pair: the host buffer has been read when this
+    // returns (the caller's buffer may die at once: f32_tensor's vector, a test's poison). The
+    // runtime only says a pageable cudaMemcpyAsync "might be synchronous", so it is never relied on.
+    h2d_staged(dst, src, bytes);
   }
   void download(void* dst, const void* src, size_t bytes) override {
     if (bytes) QF_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st_));
@@ -144,21 +145,7 @@ class CudaBackend final : public Backend {
   const void* import_weight(const void* host, size_t bytes) override {
     void* d = raw_alloc(bytes, "import_weight");
     if (!d) return d;
-    if (bytes < (size_t(1) << 20) || !ensure_staging()) {
-      QF_CUDA_CHECK(cudaMemcpyAsync(d, host, bytes, cudaMemcpyHostToDevice, st_));
-      return d;
-    }
-    // Double-buffered through pinned memory: the CPU fills one buffer while the DMA drains the other.
-    const char* src = static_cast<const char*>(host);
-    char* dst = static_cast<char*>(d);
-    int b = 0;
-    for (size_t off = 0; off < bytes; off += kStageBytes, b ^= 1) {
-      const size_t n = bytes - off < kStageBytes ? bytes - off : kStageBytes;
-      QF_CUDA_CHECK(cudaEventSynchronize(stage_ev_[b]));
-      std::memcpy(stage_[b], src + off, n);
-      QF_CUDA_CHECK(cudaMemcpyAsync(dst + off, stage_[b], n, cudaMemcpyHostToDevice, st_));
-      QF_CUDA_CHECK(cudaEventRecord(stage_ev_[b], st_));
-    }
+    upload(d, host, bytes);  // ring (small) or the double-buffered pinned staging (large)
     return d;
   }
   void release_weight(const void* p) override { free_noexcept(const_cast<void*>(p)); }
@@ -305,6 +292,28 @@ class CudaBackend final : public Backend {
     return s.p;
   }
 
+  // Host -> device, double-buffered through pinned memory (the CPU fills one buffer while the
+  // DMA drains the other). Returns once `src` has been read. Without staging buffers: a plain
+  // copy followed by a stream sync (slow but safe).
+  void h2d_staged(void* dst_v, const void* src_v, size_t bytes) {
+    if (!ensure_staging()) {
+      QF_CUDA_CHECK(cudaMemcpyAsync(dst_v, src_v, bytes, cudaMemcpyHostToDevice, st_));
+      QF_CUDA_CHECK(cudaStreamSynchronize(st_));
+      return;
+    }
+    const char* src = static_cast<const char*>(src_v);
+    char* dst = static_cast<char*>(dst_v);
+    for (size_t off = 0; off < bytes; off += kStageBytes) {
+      const size_t n = bytes - off < kStageBytes ? bytes - off : kStageBytes;
+      const int b = stage_next_;
+      stage_next_ ^= 1;
+      QF_CUDA_CHECK(cudaEventSynchronize(stage_ev_[b]));  // the buffer's previous DMA has run
+      std::memcpy(stage_[b], src + off, n);
+      QF_CUDA_CHECK(cudaMemcpyAsync(dst + off, stage_[b], n, cudaMemcpyHostToDevice, st_));
+      QF_CUDA_CHECK(cudaEventRecord(stage_ev_[b], st_));
+    }
+  }
+
   bool ensure_ring() {
     if (ring_) return true;
     if (ring_failed_) return false;
@@ -387,6 +396,7 @@ class CudaBackend final : public Backend {
   void* stage_[2] = {nullptr, nullptr};
   cudaEvent_t stage_ev_[2] = {nullptr, nullptr};
   bool stage_failed_ = false;
+  int stage_next_ = 0;  // staging buffer the next chunk uses (alternates across calls too)
   static constexpr int kRingSlots = 64;
   static constexpr size_t kRingSlotBytes = size_t(64) << 10;
   void* ring_ = nullptr;

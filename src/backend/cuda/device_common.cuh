@@ -106,6 +106,19 @@ __device__ __forceinline__ void set_error(DevError* e, int code, int a, int b, i
   v->code = code;
 }
 
+// weight_at decodes F32 / F16 / BF16 and treats anything else as int4: refuse other dtypes (and
+// int4 without its scales) on the host, where the CPU twin fails too.
+inline void check_weight_view(const WeightRef& W, const char* what) {
+  if (!W.data) backend_fail("cuda %s: weight has no data", what);
+  if (W.dtype == DType::U32) {
+    if (W.group <= 0 || !W.scales || !W.biases || W.cols % 8 != 0 || W.cols % W.group != 0)
+      backend_fail("cuda %s: int4 weight without scales/biases or with group %d not dividing cols %lld", what, W.group,
+                   static_cast<long long>(W.cols));
+  } else if (W.dtype != DType::F32 && W.dtype != DType::F16 && W.dtype != DType::BF16) {
+    backend_fail("cuda %s: unsupported weight dtype code %d", what, static_cast<int>(W.dtype));
+  }
+}
+
 inline unsigned grid_for(size_t n, int block, unsigned cap = 65535u * 8u) {
   size_t g = (n + block - 1) / block;
   if (g < 1) g = 1;

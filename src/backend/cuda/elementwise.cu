@@ -220,8 +220,8 @@ void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale, cuda
 
 void embed(const WeightRef& E, const int32_t* ids, float* out, int M, DevError* err, cudaStream_t st) {
   if (M <= 0 || E.cols <= 0) return;
-  if (E.dtype == DType::U32 && (E.group <= 0 || !E.scales || !E.biases))
-    backend_fail("cuda embed: int4 table without scales/biases/group");
+  check_weight_view(E, "embed");
+  if (M > 65535) backend_fail("cuda embed: %d rows in one call", M);
   const unsigned gx = grid_for(static_cast<size_t>(E.cols), kBlock, 64);
   embed_kernel<<<dim3(gx, M), kBlock, 0, st>>>(view_of(E), ids, out, M, err);
   QF_CUDA_LAUNCH_CHECK("embed_kernel");

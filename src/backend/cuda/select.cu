@@ -68,7 +68,8 @@ __global__ void __launch_bounds__(kArgThreads) argmax_partial_kernel(const float
   }
 }
 
-__global__ void argmax_final_kernel(const VI* __restrict__ part, int nb, int32_t* out) {
+__global__ void argmax_final_kernel(const VI* __restrict__ part, int nb, const float* __restrict__ x, int n,
+                                    int32_t* out) {
   const int m = blockIdx.x;
   float bv = -INFINITY;
   int bi = INT_MAX;
@@ -80,8 +81,9 @@ __global__ void argmax_final_kernel(const VI* __restrict__ part, int nb, int32_t
     }
   }
   warp_best(bv, bi);
-  // Every value NaN: the CPU twin returns 0.
-  if (threadIdx.x == 0) out[m] = bi == INT_MAX ? 0 : bi;
+  // The CPU twin starts from index 0 and moves on strict '>': a NaN at index 0 is never beaten
+  // (returns 0), and every value NaN returns 0 too.
+  if (threadIdx.x == 0) out[m] = (bi == INT_MAX || isnan(x[static_cast<size_t>(m) * n])) ? 0 : bi;
 }
 
 int argmax_blocks(int n) {
@@ -201,11 +203,12 @@ size_t argmax_scratch_bytes(int M, int n) { return static_cast<size_t>(M) * argm
 void argmax_rows(const float* x, int M, int n, int32_t* out, void* scratch, cudaStream_t st) {
   if (M <= 0) return;
   if (n <= 0) backend_fail("cuda argmax_rows: empty rows");
+  if (M > 65535) backend_fail("cuda argmax_rows: %d rows in one call", M);
   const int nb = argmax_blocks(n);
   VI* part = static_cast<VI*>(scratch);
   argmax_partial_kernel<<<dim3(nb, M), kArgThreads, 0, st>>>(x, n, part);
   QF_CUDA_LAUNCH_CHECK("argmax_partial_kernel");
-  argmax_final_kernel<<<M, 32, 0, st>>>(part, nb, out);
+  argmax_final_kernel<<<M, 32, 0, st>>>(part, nb, x, n, out);
   QF_CUDA_LAUNCH_CHECK("argmax_final_kernel");
 }
 
@@ -220,6 +223,7 @@ void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, v
   if (M <= 0 || k <= 0) return;
   if (k > n) backend_fail("cuda topk_rows: k %d exceeds the row length %d", k, n);
   if (k > kSeg / 2) backend_fail("cuda topk_rows: k %d exceeds the supported %d", k, kSeg / 2);
+  if (M > 65535) backend_fail("cuda topk_rows: %d rows in one call", M);
   const size_t nseg0 = (static_cast<size_t>(n) + kSeg - 1) / kSeg;
   const size_t plane = static_cast<size_t>(M) * nseg0 * k;  // elements per buffer plane
   char* s = static_cast<char*>(scratch);
@@ -254,8 +258,11 @@ void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float*
                    DevError* err, cudaStream_t st) {
   if (k <= 0 || K <= 0) return;
   if (R > Epre.cols || R > Esuc.cols) backend_fail("cuda selector_walk: rank %d exceeds the codebooks' columns", R);
+  check_weight_view(Epre, "selector_walk predecessor codebook");
+  check_weight_view(Esuc, "selector_walk successor codebook");
   const size_t smem = static_cast<size_t>(R + K) * sizeof(float);
-  if (smem > 48 * 1024) backend_fail("cuda selector_walk: rank %d + top-k %d too large", R, K);
+  // 48 KB is the default limit for static (pred_s) + dynamic shared memory together.
+  if (smem + 64 > 48 * 1024) backend_fail("cuda selector_walk: rank %d + top-k %d too large", R, K);
   selector_walk_kernel<<<1, kWalkThreads, smem, st>>>(cand_vals, cand_ids, P, view_of(Epre), view_of(Esuc), anchor, k,
                                                       K, R, drafts, scores, err);
   QF_CUDA_LAUNCH_CHECK("selector_walk_kernel");
