@@ -44,36 +44,41 @@ Out generate(Qwen38Model& m, DraftSource* s, const std::vector<int32_t>& prompt,
   return r;
 }
 
-class DemoPair : public ::testing::TestWithParam<std::string> {};
+// The demo target, its tokenizer and both draft sources on the backend of the test parameter.
+class DemoPair : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    be = test::make_test_backend(GetParam());
+    if (!be) GTEST_SKIP() << "no CUDA device";
+    m = Qwen38Model::load(demo_dir(), be.get(), 16);
+    tok = std::make_unique<Tokenizer>(Tokenizer::load(demo_dir()));
+    mtp = std::make_unique<MtpDraftSource>(*m, 1024);
+    dfl = std::make_unique<DFlashDraftSource>(DFlash2Drafter::load(demo_dir() + "/drafter", *m));
+  }
+  std::unique_ptr<Backend> be;
+  std::unique_ptr<Qwen38Model> m;
+  std::unique_ptr<Tokenizer> tok;
+  std::unique_ptr<MtpDraftSource> mtp;
+  std::unique_ptr<DFlashDraftSource> dfl;
+};
 
 TEST_P(DemoPair, SpeculativeEqualsPlainOnValidationPrompts) {
-  auto be = test::make_test_backend(GetParam());
-  if (!be) GTEST_SKIP() << "no CUDA device";
-  auto m = Qwen38Model::load(demo_dir(), be.get(), 16);
-  Tokenizer tok = Tokenizer::load(demo_dir());
-  MtpDraftSource mtp(*m, 1024);
-  DFlashDraftSource dfl(DFlash2Drafter::load(demo_dir() + "/drafter", *m));
+  const auto stops = tok->eos_ids();
   for (const auto& p : validation_prompts(6)) {
-    Out plain = generate(*m, nullptr, p, 0, tok.eos_ids());
-    for (int k : {1, 3}) EXPECT_EQ(generate(*m, &mtp, p, k, tok.eos_ids()).tokens, plain.tokens) << "mtp k=" << k;
-    for (int k : {3, 7}) EXPECT_EQ(generate(*m, &dfl, p, k, tok.eos_ids()).tokens, plain.tokens) << "dflash2 k=" << k;
+    Out plain = generate(*m, nullptr, p, 0, stops);
+    for (int k : {1, 3}) EXPECT_EQ(generate(*m, mtp.get(), p, k, stops).tokens, plain.tokens) << "mtp k=" << k;
+    for (int k : {3, 7}) EXPECT_EQ(generate(*m, dfl.get(), p, k, stops).tokens, plain.tokens) << "dflash2 k=" << k;
   }
 }
 
 // Floors sit below the measured values (MODEL_CARD.md: 64 prompts, DFlash2 tau 5.25, MTP 2.74;
 // on these 8 prompts 5.75 and 2.65 when measured) so that only a real regression trips them.
 TEST_P(DemoPair, AcceptanceStaysAboveFloor) {
-  auto be = test::make_test_backend(GetParam());
-  if (!be) GTEST_SKIP() << "no CUDA device";
-  auto m = Qwen38Model::load(demo_dir(), be.get(), 16);
-  Tokenizer tok = Tokenizer::load(demo_dir());
-  MtpDraftSource mtp(*m, 1024);
-  DFlashDraftSource dfl(DFlash2Drafter::load(demo_dir() + "/drafter", *m));
   double tau_d = 0, tau_m = 0;
   const auto prompts = validation_prompts(8);
   for (const auto& p : prompts) {
-    tau_d += generate(*m, &dfl, p, 7, tok.eos_ids()).stats.tau();
-    tau_m += generate(*m, &mtp, p, 3, tok.eos_ids()).stats.tau();
+    tau_d += generate(*m, dfl.get(), p, 7, tok->eos_ids()).stats.tau();
+    tau_m += generate(*m, mtp.get(), p, 3, tok->eos_ids()).stats.tau();
   }
   tau_d /= prompts.size();
   tau_m /= prompts.size();
