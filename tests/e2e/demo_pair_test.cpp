@@ -284,3 +284,36 @@ TEST(DemoCli, BenchWritesItsReport) {
 
 }  // namespace
 }  // namespace qf
+
+namespace qf {
+namespace {
+
+// --trace writes one JSON line per round; QFLASH_STATS=1 prints the table to stderr.
+TEST(DemoCli, TraceAndStatsFromTheEnvironment) {
+  int s;
+  const std::string trace = ::testing::TempDir() + "/qflash_trace.jsonl";
+  const std::string json = ::testing::TempDir() + "/qflash_trace_stats.json";
+  const std::string err = shell("QFLASH_STATS=1 " + qflash_bin() + " run --device cpu --prompt 'import re\n' --max-tokens 40 --trace " +
+                                    trace + " --stats-json " + json + " 2>&1 >/dev/null",
+                                &s);
+  ASSERT_EQ(s, 0) << err;
+  EXPECT_NE(err.find("tau"), std::string::npos) << err;
+  EXPECT_NE(err.find("accept profile"), std::string::npos) << err;
+  std::ifstream st(json);
+  auto stats = nlohmann::json::parse(st);
+  std::ifstream f(trace);
+  std::string line;
+  int rounds = 0, emitted = 1;  // the first token comes from prefill
+  while (std::getline(f, line)) {
+    auto j = nlohmann::json::parse(line);
+    for (const char* k : {"pos", "drafts", "accepted", "bonus"}) EXPECT_TRUE(j.contains(k)) << line;
+    EXPECT_LE(j["accepted"].get<int>(), static_cast<int>(j["drafts"].size()));
+    emitted += j["accepted"].get<int>() + 1;
+    rounds++;
+  }
+  EXPECT_EQ(rounds, stats["rounds"].get<int>());
+  EXPECT_GE(emitted, stats["generated_tokens"].get<int>());  // the last round may be cut by max-tokens
+}
+
+}  // namespace
+}  // namespace qf
