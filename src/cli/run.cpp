@@ -72,32 +72,17 @@ int cmd_run(const RunArgs& a) {
     trace = std::fopen(a.trace.c_str(), "w");
     if (!trace) fail(ErrorKind::Io, "cannot write --trace file '%s'", a.trace.c_str());
   }
-  StreamDecoder dec(engine->tokenizer());
-  const int32_t n_text_ids = engine->tokenizer().vocab_size();
-  bool warned = false;
-  auto on_token = [&](int32_t t) {
-    if (t >= n_text_ids) {  // a padding row of the embedding (the model's vocab is padded)
-      if (!warned) log_warn("generated id %d has no text (tokenizer has %d ids); not printed", t, n_text_ids);
-      warned = true;
-      return true;
-    }
-    std::string s = dec.push(t);
-    if (!s.empty()) {
-      std::fwrite(s.data(), 1, s.size(), stdout);
-      std::fflush(stdout);
-    }
-    return true;
-  };
   RoundCallback on_round = nullptr;
   if (trace)
     on_round = [&](int pos, const std::vector<int32_t>& drafts, int acc, int32_t bonus) {
       nlohmann::json j = {{"pos", pos}, {"drafts", drafts}, {"accepted", acc}, {"bonus", bonus}};
       std::fprintf(trace, "%s\n", j.dump().c_str());
     };
-  GenStats st = engine->generate(ids, go, on_token, on_round);
-  std::string tail = dec.flush();
-  std::fwrite(tail.data(), 1, tail.size(), stdout);
-  std::fflush(stdout);
+  GenStats st = engine->generate_text(ids, go, [](const std::string& s) {
+    std::fwrite(s.data(), 1, s.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  }, on_round);
   if (trace) std::fclose(trace);
   const char* env_stats = std::getenv("QFLASH_STATS");
   if (a.stats || (env_stats && env_stats[0] == '1')) std::fprintf(stderr, "\n%s", st.to_table().c_str());

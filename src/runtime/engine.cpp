@@ -63,6 +63,25 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
   return e;
 }
 
+GenStats Engine::generate_text(const std::vector<int32_t>& prompt, const GenerateOptions& g,
+                              const std::function<bool(const std::string&)>& on_text, const RoundCallback& rc) {
+  StreamDecoder dec(*tok_);
+  const int32_t n_text = tok_->vocab_size();
+  bool warned = false;
+  GenStats st = gen_->generate(prompt, g, [&](int32_t t) {
+    if (t >= n_text) {
+      if (!warned) log_warn("generated id %d has no text (tokenizer has %d ids); not printed", t, n_text);
+      warned = true;
+      return true;
+    }
+    const std::string piece = dec.push(t);
+    return piece.empty() || !on_text ? true : on_text(piece);
+  }, rc);
+  const std::string tail = dec.flush();
+  if (!tail.empty() && on_text) on_text(tail);
+  return st;
+}
+
 std::vector<int32_t> Engine::stop_ids() const {
   std::vector<int32_t> s = tok_->eos_ids();
   for (int id : target_->config().eos_token_ids)

@@ -39,6 +39,10 @@ class Engine {
                     const RoundCallback& rc = nullptr) {
     return gen_->generate(prompt, g, cb, rc);
   }
+  // generate() with the tokens decoded to text: `on_text` gets each piece (never a broken UTF-8
+  // sequence; ids without text, i.e. padded vocabulary rows, are skipped with one warning).
+  GenStats generate_text(const std::vector<int32_t>& prompt, const GenerateOptions& g,
+                         const std::function<bool(const std::string&)>& on_text, const RoundCallback& rc = nullptr);
   // The stop ids of this model: the tokenizer's eos ids plus the config's eos_token_id.
   std::vector<int32_t> stop_ids() const;
 

@@ -77,16 +77,7 @@ struct Server::Impl {
   // Runs one generation; `on_text` gets each decoded piece. Returns the telemetry.
   GenStats run(const std::string& prompt, const GenerateOptions& g, const std::function<bool(const std::string&)>& on_text) {
     std::lock_guard<std::mutex> lock(gen_mutex);
-    const std::vector<int32_t> ids = engine.tokenizer().encode(prompt);
-    StreamDecoder dec(engine.tokenizer());
-    const int32_t n_text = engine.tokenizer().vocab_size();
-    GenStats st = engine.generate(ids, g, [&](int32_t t) {
-      if (t >= n_text) return true;
-      const std::string s = dec.push(t);
-      return s.empty() ? true : on_text(s);
-    });
-    const std::string tail = dec.flush();
-    if (!tail.empty()) on_text(tail);
+    GenStats st = engine.generate_text(engine.tokenizer().encode(prompt), g, on_text);
     std::lock_guard<std::mutex> sl(stats_mutex);
     last_stats = json::parse(st.to_json());
     return st;
