@@ -33,6 +33,16 @@ struct BenchArgs {
 void add_bench_options(CLI::App* cmd, BenchArgs& a);
 int cmd_bench(const BenchArgs& a);
 
+struct ChatArgs {
+  std::string model, draft = "auto", device = "auto", system;
+  int max_tokens = 512, max_context = 8192;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  bool no_think = false, stats = false;
+};
+void add_chat_options(CLI::App* cmd, ChatArgs& a);
+int cmd_chat(const ChatArgs& a);
+
 struct QuantizeArgs {
   std::string model, out;
   int group = 64;

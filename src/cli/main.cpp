@@ -24,6 +24,10 @@ int main(int argc, char** argv) {
   CLI::App* run_cmd = app.add_subcommand("run", "generate text from a prompt (greedy)");
   qf::cli::add_run_options(run_cmd, run);
 
+  qf::cli::ChatArgs chat;
+  CLI::App* chat_cmd = app.add_subcommand("chat", "interactive ChatML conversation on stdin/stdout");
+  qf::cli::add_chat_options(chat_cmd, chat);
+
   qf::cli::TokenizeArgs tk;
   CLI::App* tok_cmd = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array");
   tok_cmd->add_option("--tokenizer", tk.tokenizer, "tokenizer.json or a model folder")->required();
@@ -57,6 +61,7 @@ int main(int argc, char** argv) {
   try {
     if (run_cmd->parsed()) return qf::cli::cmd_run(run);
     if (tok_cmd->parsed()) return qf::cli::cmd_tokenize(tk);
+    if (chat_cmd->parsed()) return qf::cli::cmd_chat(chat);
     if (insp_cmd->parsed()) return qf::cli::cmd_inspect(inspect_dir);
     if (bench_cmd->parsed()) return qf::cli::cmd_bench(bench);
     if (quant_cmd->parsed()) return qf::cli::cmd_quantize(qa);

@@ -317,3 +317,21 @@ TEST(DemoCli, TraceAndStatsFromTheEnvironment) {
 
 }  // namespace
 }  // namespace qf
+
+namespace qf {
+namespace {
+
+// qflash chat reads turns from stdin until an empty line, answers each, and exits 0.
+TEST(DemoCli, ChatAnswersEachTurn) {
+  int s;
+  const std::string out = shell("printf 'hello\\nmore\\n\\n' | " + qflash_bin() +
+                                    " chat --device cpu --max-tokens 8 --no-think --stats 2>&1",
+                                &s);
+  EXPECT_EQ(s, 0) << out;
+  size_t n = 0;
+  for (size_t pos = out.find(" tokens, tau"); pos != std::string::npos; pos = out.find(" tokens, tau", pos + 1)) n++;
+  EXPECT_EQ(n, 2u) << out;  // one stats line per answered turn
+}
+
+}  // namespace
+}  // namespace qf
