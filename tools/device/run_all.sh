@@ -3,6 +3,9 @@
 #   cmake -S . -B build-cuda -DQFLASH_CUDA=ON && cmake --build build-cuda -j2
 #   mkdir -p build-gpu && cp build-cuda/{qflash,qflash_tests,qflash_e2e_tests,qflash_gemv_bench} build-gpu/
 #   device run: bash tools/device/run_all.sh build-gpu      (carry ["build-gpu"], timeout 600)
+# Size: the tracked tree is ~40 MB (models/demo is 30 MB) and a call carries at most 64 MiB, so
+# the carried binaries must stay under ~24 MB: `strip build-gpu/*` first; if still too large,
+# carry qflash_tests (+ qflash_gemv_bench) in one call and qflash + qflash_e2e_tests in another.
 # Steps: gpu_check.sh (op parity, row-invariance, model-level identity/rollback/parity on cuda,
 # GEMV bench, a demo run), the demo-pair e2e tests on cuda, then qflash bench on the full-size
 # synthetic 27B pair (forced acceptance) and on the demo pair (real acceptance). Logs and JSON go
