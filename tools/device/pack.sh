@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Packs the CUDA build's binaries for a device call: gpu/bin.tar.xz (stripped, xz; ~4 MB, so the
+# call stays far under the 64 MiB it may carry). gpu/ is ignored by git; name it in `carry`.
+#   bash tools/device/pack.sh [BUILD_DIR]      (default build-cuda)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUILD="${1:-build-cuda}"
+case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
+STAGE=$(mktemp -d)
+mkdir -p "$STAGE/bin" "$ROOT/gpu"
+for b in qflash qflash_tests qflash_e2e_tests qflash_gemv_bench; do
+  cp "$BUILD/$b" "$STAGE/bin/"
+done
+strip "$STAGE"/bin/qflash*
+(cd "$ROOT" && echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src bench tests || echo +dirty)") >"$STAGE/bin/COMMIT"
+tar -C "$STAGE" -cf - bin | xz -9 -T2 >"$ROOT/gpu/bin.tar.xz.tmp"
+mv "$ROOT/gpu/bin.tar.xz.tmp" "$ROOT/gpu/bin.tar.xz"
+rm -rf "$STAGE"
+ls -la "$ROOT/gpu/bin.tar.xz"

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# One H200 call that checks and times everything, inside the device tool's limits
+# (10 minutes a call, at most 8 files back, 64 MiB carried).
+#
+# Here (build machine):
+#   cmake -S . -B build-cuda -DQFLASH_CUDA=ON -DCMAKE_BUILD_TYPE=Release && cmake --build build-cuda -j2
+#   bash tools/device/pack.sh                    # -> gpu/bin.tar.xz (stripped, ~4 MB)
+# Device call (carry ["gpu"], timeout 600):
+#   bash tools/device/session.sh gpu/bin.tar.xz
+#   STEPS="ops model" bash tools/device/session.sh gpu/bin.tar.xz     # a subset
+# Steps (default all, in this order):
+#   facts     nvidia-smi
+#   ops       qflash_tests Cuda*                  (every op vs its CPU twin, row-invariance)
+#   model     qflash_tests model-level *_cuda     (identity, rollback, HF/PyTorch parity on cuda)
+#   e2e       qflash_e2e_tests *cuda*             (demo pair identity + acceptance on cuda)
+#   gemv      qflash_gemv_bench --quick           (copy ceiling, GEMV GB/s for M = 1..16)
+#   bench27   qflash bench, synthetic Qwen3.8-27B + DFlash2, forced acceptance
+#   benchdemo qflash bench, demo pair, real acceptance
+#   sanitize  compute-sanitizer memcheck on CudaOps (if time is left)
+# Every step gets a timeout cut to the time left under BUDGET (s, default 540). All logs go
+# into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+BUNDLE="${1:?usage: session.sh BUNDLE.tar.xz}"
+case "$BUNDLE" in /*) ;; *) BUNDLE="$ROOT/$BUNDLE" ;; esac
+STEPS=" ${STEPS:-facts ops model e2e gemv bench27 benchdemo sanitize} "
+BUDGET="${BUDGET:-540}"
+OUTDIR="${OUT:-$(mktemp -d)}"
+T0=$(date +%s)
+LOG=/tmp/qflash_session_logs
+BIN=/tmp/qflash_session_bin
+rm -rf "$LOG" "$BIN"; mkdir -p "$LOG" "$BIN"
+tar -C "$BIN" --strip-components=1 -xJf "$BUNDLE" || { echo "cannot unpack $BUNDLE"; exit 2; }
+cd "$ROOT"
+
+# The test binaries find fixtures under the source path compiled into them (/work/main).
+if [[ ! -e /work/main && "$ROOT" != /work/main ]]; then
+  mkdir -p /work && ln -s "$ROOT" /work/main && echo "linked /work/main -> $ROOT"
+fi
+
+NAMES=(); STATUS=(); SECS=(); DETAIL=()
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+want() { [[ "$STEPS" == *" $1 "* ]]; }
+
+gtest_detail() {
+  local log="$1" p f s names
+  p=$(grep -oE '^\[  PASSED  \] [0-9]+' "$log" | grep -oE '[0-9]+$' | tail -1)
+  f=$(grep -oE '^\[  FAILED  \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | tail -1)
+  s=$(grep -oE '^\[  SKIPPED \] [0-9]+ test' "$log" | grep -oE '[0-9]+' | tail -1)
+  names=$(grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | sed -E 's/^\[  FAILED  \] //; s/ \(.*//' | sort -u | head -6 | tr '\n' ' ')
+  echo "${p:-0} passed, ${f:-0} failed, ${s:-0} skipped${names:+; failed: $names}"
+}
+
+# step NAME TIMEOUT KIND CMD...   (KIND: gtest | plain)
+step() {
+  local name="$1" to="$2" kind="$3"; shift 3
+  local l; l=$(left)
+  if (( l < 15 )); then NAMES+=("$name"); STATUS+=(NOTIME); SECS+=(0); DETAIL+=("budget spent"); return; fi
+  (( to > l - 10 )) && to=$(( l - 10 ))
+  echo "== $name (timeout ${to}s): $*"
+  local t0=$(date +%s) rc st det
+  timeout -k 5 "$to" "$@" >"$LOG/$name.log" 2>&1
+  rc=$?
+  st=$([[ $rc -eq 0 ]] && echo PASS || { [[ $rc -eq 124 || $rc -eq 137 ]] && echo TIMEOUT || echo "FAIL($rc)"; })
+  if [[ $kind == gtest ]]; then det=$(gtest_detail "$LOG/$name.log"); else det=$(tail -1 "$LOG/$name.log" | cut -c1-120); fi
+  NAMES+=("$name"); STATUS+=("$st"); SECS+=($(( $(date +%s) - t0 ))); DETAIL+=("$det")
+  tail -4 "$LOG/$name.log"
+}
+
+if want facts; then
+  { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv; } \
+    >"$LOG/facts.log" 2>&1
+  NAMES+=(facts); STATUS+=(OK); SECS+=(0)
+  DETAIL+=("$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)")
+fi
+want ops   && step ops 150 gtest "$BIN/qflash_tests" --gtest_filter='Cuda*' --gtest_color=no
+want model && step model 150 gtest "$BIN/qflash_tests" --gtest_filter='*_cuda:*Rollback.*/1' --gtest_color=no
+want e2e   && step e2e 150 gtest "$BIN/qflash_e2e_tests" --gtest_filter='*cuda*:*/1' --gtest_color=no
+want gemv  && step gemv 90 plain "$BIN/qflash_gemv_bench" --quick
+want bench27 && step bench27 200 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --force-accept 0,2,4,7 --gen 64 --reps 10 --json "$LOG/bench_27b.json"
+want benchdemo && step benchdemo 120 plain "$BIN/qflash" bench --device cuda \
+  --prompts models/demo/validation_prompts.jsonl --gen 128 --json "$LOG/bench_demo.json"
+if want sanitize && command -v compute-sanitizer >/dev/null; then
+  step sanitize 90 gtest compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/qflash_tests" \
+    --gtest_filter='CudaOps*:CudaGdn*:CudaAttention*' --gtest_color=no
+fi
+
+{
+  echo "device session $(date -u +%FT%TZ), bundle $(cat "$BIN/COMMIT" 2>/dev/null || echo '?')"
+  printf '%-10s %-9s %5s  %s\n' step status secs detail
+  for i in "${!NAMES[@]}"; do
+    printf '%-10s %-9s %5s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${DETAIL[$i]}"
+  done
+} >"$LOG/summary.txt"
+cp "$LOG/summary.txt" "$OUTDIR/summary.txt"
+for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/"; done
+tar -C "$LOG" -czf "$OUTDIR/logs.tgz" .
+echo
+for f in "$LOG"/bench27.log "$LOG"/benchdemo.log "$LOG"/gemv.log; do
+  [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
+done
+echo
+cat "$LOG/summary.txt"
