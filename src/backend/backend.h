@@ -86,6 +86,11 @@ class Backend {
   virtual void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale) = 0;
   // Bytes of backend memory in use by this process (GPU: total - free), 0 if unknown.
   virtual size_t memory_used() const { return 0; }
+  // Bytes of backend memory free now (and the total in *total), 0 if unknown or unbounded (CPU).
+  virtual size_t memory_free(size_t* total = nullptr) const {
+    if (total) *total = 0;
+    return 0;
+  }
 
   // ---- dense ops ----------------------------------------------------------------------------
   // y[m, r] = sum_c x[m, c] * W[r, c]; x [M, W.cols], y [M, W.rows]. Row-invariant.

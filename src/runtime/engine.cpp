@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/fit.h"
 
 namespace qf {
 
@@ -51,6 +52,20 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
     fail(ErrorKind::Io, "model folder '%s' has no config.json", e->model_dir_.c_str());
   e->be_ = make_backend(opt.device);
   e->tok_ = std::make_unique<Tokenizer>(Tokenizer::load(e->model_dir_));
+  if (e->be_->is_gpu()) {
+    // Guard before any weight is uploaded: headers and config only.
+    const TargetConfig cfg = load_target_config(e->model_dir_);
+    const TensorStore st = TensorStore::open_dir(e->model_dir_);
+    const bool has_mtp = cfg.mtp_num_hidden_layers > 0 && st.find("mtp.fc.weight") != nullptr;
+    const std::string d = resolve_draft(opt.draft, e->model_dir_, has_mtp);
+    std::unique_ptr<TensorStore> dst;
+    if (d != "none" && d != "mtp") dst = std::make_unique<TensorStore>(TensorStore::open_dir(d));
+    size_t total = 0;
+    const size_t free_b = e->be_->memory_free(&total);
+    // Verify width: up to 16 drafts + 1 (the largest DFlash2 block) keep a GDN capture slot each.
+    check_fits(estimate_memory(cfg, st, dst.get(), opt.max_context, opt.max_rows, 17), free_b, total,
+               e->be_->name(), e->model_dir_);
+  }
   e->target_ = Qwen38Model::load(e->model_dir_, e->be_.get(), opt.max_rows);
   e->draft_ = resolve_draft(opt.draft, e->model_dir_, e->target_->has_mtp());
   if (e->draft_ == "mtp") {

@@ -160,6 +160,15 @@ class CudaBackend final : public Backend {
     }
     return total_b - free_b;
   }
+  size_t memory_free(size_t* total) const override {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+      cudaGetLastError();
+      free_b = total_b = 0;
+    }
+    if (total) *total = total_b;
+    return free_b;
+  }
 
   // ---- dense ops ---------------------------------------------------------------------------
   void matmul(const WeightRef& W, const float* x, float* y, int M) override {
