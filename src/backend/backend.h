@@ -92,6 +92,22 @@ class Backend {
     return 0;
   }
 
+  // ---- CUDA graphs (optional) ----------------------------------------------------------------
+  // When graphs_enabled(), the ops enqueued between capture_begin() and capture_end() are
+  // recorded instead of run; capture_end() returns a handle that graph_launch() replays
+  // (nullptr when instantiation failed: the caller runs the ops directly). A recording bakes in
+  // every pointer and scalar argument, so a caller replays only the identical op sequence;
+  // positions and counts live in backend memory (StepMeta) and may change between replays.
+  // graph_epoch() changes whenever the backend moves an internal scratch buffer: recordings of
+  // an older epoch must not be replayed. capture_abort() ends a capture that threw.
+  virtual bool graphs_enabled() const { return false; }
+  virtual uint64_t graph_epoch() const { return 0; }
+  virtual void capture_begin() {}
+  virtual void* capture_end() { return nullptr; }
+  virtual void capture_abort() {}
+  virtual void graph_launch(void* /*graph*/) {}
+  virtual void graph_destroy(void* /*graph*/) {}
+
   // ---- dense ops ----------------------------------------------------------------------------
   // y[m, r] = sum_c x[m, c] * W[r, c]; x [M, W.cols], y [M, W.rows]. Row-invariant.
   virtual void matmul(const WeightRef& W, const float* x, float* y, int M) = 0;

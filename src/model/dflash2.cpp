@@ -5,10 +5,12 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/graph_runner.h"
 
 namespace qf {
 
 DFlash2Drafter::~DFlash2Drafter() = default;
+DFlash2Drafter::DFlash2Drafter() : graph_id_(next_graph_owner_id()) {}
 
 static DeviceBuffer fbuf(Backend* be, size_t n) { return DeviceBuffer(be, n * sizeof(float)); }
 
@@ -82,6 +84,7 @@ std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, con
   const int B = cfg.block_size, R = std::max(max_rows, B), K = std::max(cfg.selector_top_k, 1);
   d->chunk_ = max_rows;
   d->ids_ = DeviceBuffer(be, B * sizeof(int32_t));
+  d->graphs_ = std::make_unique<GraphRunner>(be);
   d->meta_ = DeviceBuffer(be, sizeof(StepMeta));
   d->anchor_ = DeviceBuffer(be, sizeof(int32_t));
   d->ctx_ = fbuf(be, static_cast<size_t>(R) * H);
@@ -246,7 +249,7 @@ void DFlash2Drafter::draft(int32_t anchor, int start, int k, int32_t* drafts, co
   QF_CHECK(k >= 1 && k <= max_drafts(), "draft of %d tokens (block %d)", k, cfg_.block_size);
   if (n_ctx_ > 0 && start != context_end())
     fail(ErrorKind::Internal, "draft at %d but the drafter context ends at %d", start, context_end());
-  const int rows = k + 1, H = cfg_.hidden_size, V = cfg_.vocab_size;
+  const int rows = k + 1;
   compact(0);
   std::vector<int32_t> ids(rows, cfg_.mask_token_id);
   ids[0] = anchor;
@@ -255,6 +258,15 @@ void DFlash2Drafter::draft(int32_t anchor, int start, int k, int32_t* drafts, co
   if (n_ctx_ == 0) ctx_pos0_ = start;
   StepMeta meta{start, ctx_pos0_, n_ctx_ + rows, 0};
   be_->upload(meta_.get(), &meta, sizeof(meta));
+  if (dump && *dump)
+    draft_ops(k, dump);
+  else
+    graphs_->run(static_cast<uint64_t>(k) | (graph_id_ << 16), [&] { draft_ops(k, nullptr); });
+  be_->download(drafts, drafts_.get(), k * sizeof(int32_t));
+}
+
+void DFlash2Drafter::draft_ops(int k, const DumpHook* dump) {
+  const int rows = k + 1, H = cfg_.hidden_size, V = cfg_.vocab_size;
   float* h = h_.f();
   be_->embed(embed_, ids_.i(), h, rows);
   if (cfg_.input_embedding_scale != 1.0)
@@ -278,7 +290,6 @@ void DFlash2Drafter::draft(int32_t anchor, int start, int k, int32_t* drafts, co
   } else {
     be_->argmax_rows(logits_.f(), k, V, drafts_.i());
   }
-  be_->download(drafts, drafts_.get(), k * sizeof(int32_t));
 }
 
 }  // namespace qf

@@ -11,6 +11,8 @@
 
 namespace qf {
 
+class GraphRunner;
+
 struct DFlashLayer {
   NormVec in_norm, post_norm, q_norm, k_norm;  // plain (as stored)
   WeightRef q, k, v, o, gate, up, down;
@@ -63,8 +65,9 @@ class DFlash2Drafter {
   std::vector<float> successor_row(int32_t token) const { return codebook_row(esuc_, token); }
 
  private:
-  DFlash2Drafter() = default;
+  DFlash2Drafter();
   void compact(int incoming);
+  void draft_ops(int k, const DumpHook* dump);  // the draft pass's ops (a graph records them)
   std::vector<float> codebook_row(const WeightRef& w, int32_t row) const;
   void layer_forward(DFlashLayer& L, float* h, int rows, const DumpHook* dump, int l);
   Backend* be_ = nullptr;
@@ -79,6 +82,8 @@ class DFlash2Drafter {
   // scratch
   DeviceBuffer ids_, meta_, anchor_, ctx_, h_, u_, u2_, D_, q_, k_, v_, attn_, o_, o2_, g_, up_, hf_, logits_,
       cand_vals_, cand_ids_, P_, scores_, drafts_;
+  std::unique_ptr<GraphRunner> graphs_;  // after the buffers: destroyed first
+  uint64_t graph_id_ = 0;
 };
 
 }  // namespace qf

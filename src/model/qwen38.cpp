@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/graph_runner.h"
 
 namespace qf {
 
@@ -17,6 +18,7 @@ const char* target_layout_name(TargetLayout l) {
 }
 
 Qwen38Model::~Qwen38Model() = default;
+Qwen38Model::Qwen38Model() = default;
 
 std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* be, int max_rows) {
   std::unique_ptr<Qwen38Model> m(new Qwen38Model());
@@ -112,6 +114,7 @@ void Qwen38Model::build(const std::string& origin, const std::string& lm_name) {
   m->hidden_final_ = DeviceBuffer(be, R * H * sizeof(float));
   m->logits_ = DeviceBuffer(be, R * V * sizeof(float));
   m->argmax_ = DeviceBuffer(be, R * sizeof(int32_t));
+  m->graphs_ = std::make_unique<GraphRunner>(be);
   log_info("target: %s, layout %s, %d layers (%d attention, %d deltanet), hidden %d, vocab %d, %.1f MB of weights%s",
            origin.c_str(), target_layout_name(m->layout_), c.num_hidden_layers, n_full, n_gdn, H, V,
            ws.imported_bytes() / 1e6, m->has_mtp_ ? ", MTP head present" : "");
@@ -122,12 +125,14 @@ void Qwen38Model::set_taps(const std::vector<int>& ids) {
     if (id < 0 || id >= cfg_.num_hidden_layers)
       fail(ErrorKind::Config, "tap layer %d outside the target's %d layers", id, cfg_.num_hidden_layers);
   tap_ids_ = ids;
+  graphs_->clear();  // recordings refer to the old tap buffer
   taps_ = DeviceBuffer(be_, static_cast<size_t>(max_rows_) * ids.size() * cfg_.hidden_size * sizeof(float));
 }
 
 std::unique_ptr<TargetState> Qwen38Model::new_state(int max_pos, int capture_slots) const {
   auto st = std::make_unique<TargetState>();
   st->max_pos = max_pos;
+  st->id = next_graph_owner_id();
   st->capture_slots = capture_slots;
   const size_t kvw = static_cast<size_t>(ad_.n_kv_heads) * ad_.head_dim;
   for (size_t L = 0; L < layers_.size(); L++) {
@@ -157,9 +162,7 @@ void Qwen38Model::forward(TargetState& st, const int32_t* host_tokens, int M, co
   if (o.capture && M > st.capture_slots)
     fail(ErrorKind::Internal, "verify of %d rows needs %d capture slots, state has %d", M, M, st.capture_slots);
   if (o.taps && tap_ids_.empty()) fail(ErrorKind::Internal, "forward asked for taps but none are set");
-  const TargetConfig& c = cfg_;
-  const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int V = cfg_.vocab_size;
   Backend& be = *be_;
   for (int i = 0; i < M; i++)
     if (host_tokens[i] < 0 || host_tokens[i] >= V)
@@ -168,6 +171,24 @@ void Qwen38Model::forward(TargetState& st, const int32_t* host_tokens, int M, co
   StepMeta meta{st.pos, 0, st.pos + M, 0};
   be.upload(meta_.get(), &meta, sizeof(meta));
 
+  if (dump && *dump) {  // named intermediates: always direct
+    forward_ops(st, M, o, dump);
+  } else if (M <= kMaxGraphRows) {
+    const uint64_t key = static_cast<uint64_t>(M) | (o.lm_head ? 1ull << 8 : 0) | (o.logits_last_only ? 1ull << 9 : 0) |
+                         (o.capture ? 1ull << 10 : 0) | (o.taps ? 1ull << 11 : 0) | (o.final_hidden ? 1ull << 12 : 0) |
+                         (st.id << 16);
+    graphs_->run(key, [&] { forward_ops(st, M, o, nullptr); });
+  } else {
+    forward_ops(st, M, o, nullptr);
+  }
+  st.pos += M;
+}
+
+void Qwen38Model::forward_ops(TargetState& st, int M, const ForwardOpts& o, const DumpHook* dump) {
+  const TargetConfig& c = cfg_;
+  const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  Backend& be = *be_;
   float* h = h_.f();
   be.embed(embed_, ids_.i(), h, M);
   if (dump && *dump) (*dump)("embed", h, static_cast<size_t>(M) * H);
@@ -189,7 +210,6 @@ void Qwen38Model::forward(TargetState& st, const int32_t* host_tokens, int M, co
       for (int t = 0; t < nt; t++)
         if (tap_ids_[t] == static_cast<int>(L)) be.copy_2d(taps_.f() + t * H, nt * H, h, H, M, H);
   }
-  st.pos += M;
   if (!o.lm_head && !o.final_hidden) return;
   // Final norm over every row (MTP reads them all); the head only over the rows asked for.
   be.rmsnorm(h, final_norm_.ptr(), hidden_final_.f(), M, H, eps);

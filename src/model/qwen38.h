@@ -14,6 +14,8 @@
 
 namespace qf {
 
+class GraphRunner;
+
 // Checkpoint layout, detected from tensor names.
 enum class TargetLayout { Text, Multimodal, Mlx };
 const char* target_layout_name(TargetLayout l);
@@ -27,6 +29,7 @@ struct TargetState {
   std::vector<DeviceBuffer> gdn;             // per GDN layer: f32 [GdnDims::state_floats()]
   std::vector<DeviceBuffer> capture;         // per GDN layer: f32 [capture_slots][state_floats]
   int pos = 0;                               // committed tokens (next write position)
+  uint64_t id = 0;                           // names this state's buffers in recorded graphs
 };
 
 struct ForwardOpts {
@@ -87,7 +90,10 @@ class Qwen38Model {
   const StepMeta* meta() const { return reinterpret_cast<const StepMeta*>(meta_.get()); }
 
  private:
-  Qwen38Model() = default;
+  Qwen38Model();
+  // Enqueues the forward's ops (no uploads, no host reads): what a graph records.
+  void forward_ops(TargetState& st, int M, const ForwardOpts& o, const DumpHook* dump);
+  static constexpr int kMaxGraphRows = 32;
   void build(const std::string& origin, const std::string& lm_name);
   Backend* be_ = nullptr;
   TargetConfig cfg_;
@@ -107,6 +113,7 @@ class Qwen38Model {
   std::vector<int> tap_ids_;
   BlockScratch scratch_;
   DeviceBuffer ids_, meta_, h_, hidden_final_, logits_, argmax_, taps_;
+  std::unique_ptr<GraphRunner> graphs_;  // after the buffers: destroyed first
 };
 
 }  // namespace qf

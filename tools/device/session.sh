@@ -11,7 +11,8 @@
 # Steps (default all, in this order):
 #   facts     nvidia-smi
 #   ops       qflash_tests Cuda*                  (every op vs its CPU twin, row-invariance)
-#   model     qflash_tests model-level *_cuda     (identity, rollback, HF/PyTorch parity on cuda)
+#   model     qflash_tests model-level *_cuda     (identity, rollback, HF/PyTorch parity on cuda;
+#             again with QFLASH_CUDA_GRAPHS=0: graphs replayed vs ops run directly)
 #   e2e       qflash_e2e_tests *cuda*             (demo pair identity + acceptance on cuda)
 #   gemv      qflash_gemv_bench --quick           (copy ceiling, GEMV GB/s for M = 1..16)
 #   bench27   qflash bench, synthetic Qwen3.8-27B + DFlash2, forced acceptance
@@ -75,6 +76,8 @@ if want facts; then
 fi
 want ops   && step ops 150 gtest "$BIN/qflash_tests" --gtest_filter='Cuda*' --gtest_color=no
 want model && step model 150 gtest "$BIN/qflash_tests" --gtest_filter='*_cuda:*Rollback.*/1' --gtest_color=no
+want model && QFLASH_CUDA_GRAPHS=0 step model_nograph 120 gtest "$BIN/qflash_tests" \
+  --gtest_filter='Pairs/SpecIdentity*_cuda:*Rollback.*/1:CudaModel*' --gtest_color=no
 want e2e   && step e2e 150 gtest "$BIN/qflash_e2e_tests" --gtest_filter='*cuda*:*/1' --gtest_color=no
 want gemv  && step gemv 90 plain "$BIN/qflash_gemv_bench" --quick
 want bench27 && step bench27 200 plain "$BIN/qflash" bench --device cuda \

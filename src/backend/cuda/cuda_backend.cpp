@@ -170,6 +170,41 @@ class CudaBackend final : public Backend {
     return free_b;
   }
 
+  // ---- CUDA graphs -------------------------------------------------------------------------
+  bool graphs_enabled() const override { return graphs_on_; }
+  uint64_t graph_epoch() const override { return epoch_; }
+  void capture_begin() override {
+    QF_CUDA_CHECK(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+  }
+  void* capture_end() override {
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    QF_CUDA_CHECK(cudaStreamEndCapture(st_, &g));
+    cudaGraphExec_t ex = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&ex, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      std::fprintf(stderr, "qflash: warning: CUDA graph instantiation failed (%s); running ops directly\n",
+                   cudaGetErrorName(e));
+      return nullptr;
+    }
+    return ex;
+  }
+  void capture_abort() override {
+    if (!capturing_) return;
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(st_, &g);
+    if (g) cudaGraphDestroy(g);
+    cudaGetLastError();
+  }
+  void graph_launch(void* g) override { QF_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g), st_)); }
+  void graph_destroy(void* g) override {
+    if (g) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(g));
+  }
+
   // ---- dense ops ---------------------------------------------------------------------------
   void matmul(const WeightRef& W, const float* x, float* y, int M) override {
     if (M <= 0) return;
@@ -291,6 +326,9 @@ class CudaBackend final : public Backend {
   // Grows a scratch buffer. Waits for the stream first: queued kernels may still use the old one.
   void* ensure(Scratch& s, size_t bytes) {
     if (bytes <= s.bytes) return s.p;
+    if (capturing_)  // the caller runs every op once before recording it, so this is a bug
+      backend_fail("cuda: a scratch buffer must grow (%zu -> %zu bytes) during graph capture", s.bytes, bytes);
+    epoch_++;
     QF_CUDA_CHECK(cudaStreamSynchronize(st_));
     if (s.p) QF_CUDA_CHECK(cudaFree(s.p));
     s.p = nullptr;
@@ -398,6 +436,13 @@ class CudaBackend final : public Backend {
 
   int dev_;
   std::string name_;
+  bool graphs_on_ = graphs_from_env();
+  bool capturing_ = false;
+  uint64_t epoch_ = 1;
+  static bool graphs_from_env() {
+    const char* e = std::getenv("QFLASH_CUDA_GRAPHS");
+    return !(e && (std::strcmp(e, "0") == 0 || std::strcmp(e, "off") == 0));
+  }
   cudaStream_t st_ = nullptr;
   DevError* err_host_ = nullptr;  // mapped pinned record (nullptr: err_dev_ is device memory)
   DevError* err_dev_ = nullptr;
