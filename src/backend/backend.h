@@ -111,6 +111,11 @@ class Backend {
   // ---- dense ops ----------------------------------------------------------------------------
   // y[m, r] = sum_c x[m, c] * W[r, c]; x [M, W.cols], y [M, W.rows]. Row-invariant.
   virtual void matmul(const WeightRef& W, const float* x, float* y, int M) = 0;
+  // ys[i] = x W_i^T for n weights with the same cols that read the same x (the projections of
+  // one layer). A GPU backend may run them as one launch; row-invariant like matmul.
+  virtual void matmul_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) {
+    for (int i = 0; i < n; i++) matmul(*Ws[i], x, ys[i], M);
+  }
   // out[m, :] = E[ids[m], :] as f32 (ids in backend memory).
   virtual void embed(const WeightRef& E, const int32_t* ids, float* out, int M) = 0;
   // y = x / sqrt(mean(x^2) + eps) * w  over rows of n; w f32 [n] (nullptr = ones). In-place ok.
@@ -119,6 +124,12 @@ class Backend {
   virtual void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, int rows,
                              int n, float eps) = 0;
   virtual void add(float* y, const float* x, size_t n) = 0;                        // y += x
+  // h += r (rows of n), then y = rmsnorm(h) * w: add() followed by rmsnorm(), bit for bit; a GPU
+  // backend runs it as one launch. y must not alias h or r.
+  virtual void add_rmsnorm(float* h, const float* r, const float* w, float* y, int rows, int n, float eps) {
+    add(h, r, static_cast<size_t>(rows) * n);
+    rmsnorm(h, w, y, rows, n, eps);
+  }
   virtual void scale(float* y, float s, size_t n) = 0;                             // y *= s
   virtual void swiglu(const float* gate, const float* up, float* out, size_t n) = 0;  // silu(g)*u
   virtual void sigmoid_mul(float* y, const float* gate, size_t n) = 0;            // y *= sigmoid(g)

@@ -73,9 +73,11 @@ static void dump_rows(const DumpHook* dump, const std::string& name, const float
 static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, int M, const AttnDims& ad,
                             float eps, const LayerIO& io) {
   const int nh = ad.n_heads, nkv = ad.n_kv_heads, hd = ad.head_dim;
-  be.matmul(w.q, s.a.f(), s.qg.f(), M);
-  be.matmul(w.k, s.a.f(), s.k.f(), M);
-  be.matmul(w.v, s.a.f(), s.v.f(), M);
+  {
+    const WeightRef* ws[3] = {&w.q, &w.k, &w.v};
+    float* ys[3] = {s.qg.f(), s.k.f(), s.v.f()};
+    be.matmul_group(ws, ys, 3, s.a.f(), M);
+  }
   be.split_qgate(s.qg.f(), s.q.f(), s.gate.f(), M, nh, hd);
   be.rmsnorm(s.q.f(), w.q_norm.ptr(), s.q.f(), M * nh, hd, eps);
   be.rmsnorm(s.k.f(), w.k_norm.ptr(), s.k.f(), M * nkv, hd, eps);
@@ -97,10 +99,11 @@ static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, 
 
 static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, int M, const GdnDims& gd,
                            float eps, const LayerIO& io) {
-  be.matmul(w.qkv, s.a.f(), s.mixed.f(), M);
-  be.matmul(w.z, s.a.f(), s.z.f(), M);
-  be.matmul(w.a, s.a.f(), s.alpha.f(), M);
-  be.matmul(w.b, s.a.f(), s.beta.f(), M);
+  {
+    const WeightRef* ws[4] = {&w.qkv, &w.z, &w.a, &w.b};
+    float* ys[4] = {s.mixed.f(), s.z.f(), s.alpha.f(), s.beta.f()};
+    be.matmul_group(ws, ys, 4, s.a.f(), M);
+  }
   be.gdn_rows(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd,
               io.gdn_state, s.y.f(), M, io.capture);
   be.rmsnorm_gated(s.y.f(), s.z.f(), w.norm.ptr(), s.y.f(), M * gd.n_v_heads, gd.d_v, eps);
@@ -111,18 +114,24 @@ void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h
                    const AttnDims& ad, const GdnDims& gd, float eps, const LayerIO& io,
                    const DumpHook* dump, const std::string& name) {
   const size_t MH = static_cast<size_t>(M) * H;
-  be.rmsnorm(h, w.in_norm.ptr(), s.a.f(), M, H, eps);
+  if (io.pending)  // the previous layer's MLP output, added here together with this layer's norm
+    be.add_rmsnorm(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps);
+  else
+    be.rmsnorm(h, w.in_norm.ptr(), s.a.f(), M, H, eps);
   if (w.full_attention)
     gated_attention(be, w.attn, s, M, ad, eps, io);
   else
     gated_deltanet(be, w.gdn, s, M, gd, eps, io);
   dump_rows(dump, name + ".mixer_out", s.o.f(), MH);
-  be.add(h, s.o.f(), MH);
-  be.rmsnorm(h, w.post_norm.ptr(), s.a.f(), M, H, eps);
-  be.matmul(w.mlp.gate, s.a.f(), s.g.f(), M);
-  be.matmul(w.mlp.up, s.a.f(), s.u.f(), M);
+  be.add_rmsnorm(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps);
+  {
+    const WeightRef* ws[2] = {&w.mlp.gate, &w.mlp.up};
+    float* ys[2] = {s.g.f(), s.u.f()};
+    be.matmul_group(ws, ys, 2, s.a.f(), M);
+  }
   be.swiglu(s.g.f(), s.u.f(), s.g.f(), static_cast<size_t>(M) * I);
   be.matmul(w.mlp.down, s.g.f(), s.o.f(), M);
+  if (io.defer_add) return;  // h += s.o is left to the caller (the next layer's add_rmsnorm)
   be.add(h, s.o.f(), MH);
   dump_rows(dump, name + ".out", h, MH);
 }

@@ -66,6 +66,11 @@ struct LayerIO {
   float* gdn_state = nullptr;
   float* capture = nullptr;
   int window = 0;
+  // Residual fusion: `pending` (nullable) is the previous layer's MLP output, still to be added
+  // to h (this layer adds it together with its input norm); with `defer_add` this layer leaves
+  // its own MLP output in the scratch's `o` rows instead of adding it (no ".out" dump then).
+  const float* pending = nullptr;
+  bool defer_add = false;
 };
 void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h, int M, int H, int I,
                    const AttnDims& ad, const GdnDims& gd, float eps, const LayerIO& io,

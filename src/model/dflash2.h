@@ -82,8 +82,10 @@ class DFlash2Drafter {
   // scratch
   DeviceBuffer ids_, meta_, anchor_, ctx_, h_, u_, u2_, D_, q_, k_, v_, attn_, o_, o2_, g_, up_, hf_, logits_,
       cand_vals_, cand_ids_, P_, scores_, drafts_;
+  DeviceBuffer ctx_meta_;  // the context pass's positions (the draft pass keeps meta_)
   std::unique_ptr<GraphRunner> graphs_;  // after the buffers: destroyed first
   uint64_t graph_id_ = 0;
+  std::vector<const float*> taps_seen_;  // recorded context passes bake in the tap-row pointer
 };
 
 }  // namespace qf

@@ -1,8 +1,12 @@
 #include "model/mtp.h"
 
 #include "core/error.h"
+#include "model/graph_runner.h"
 
 namespace qf {
+
+MtpHead::MtpHead() = default;
+MtpHead::~MtpHead() = default;
 
 std::unique_ptr<MtpHead> MtpHead::load(Qwen38Model& t, int max_pos) {
   if (!t.has_mtp())
@@ -35,6 +39,7 @@ std::unique_ptr<MtpHead> MtpHead::load(Qwen38Model& t, int max_pos) {
   m->hm_ = DeviceBuffer(be, R * H * sizeof(float));
   m->logits_ = DeviceBuffer(be, R * V * sizeof(float));
   m->argmax_ = DeviceBuffer(be, R * sizeof(int32_t));
+  m->graphs_ = std::make_unique<GraphRunner>(be);
   return m;
 }
 
@@ -42,12 +47,24 @@ void MtpHead::forward(const int32_t* host_tokens, const float* hidden, int M, in
   QF_CHECK(M >= 1 && M <= max_rows_, "mtp forward of %d rows (max %d)", M, max_rows_);
   if (pos + M > max_pos_) fail(ErrorKind::Usage, "MTP context full: %d + %d > %d", pos, M, max_pos_);
   Backend& be = t_->backend();
-  const TargetConfig& c = t_->config();
-  const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  const float eps = static_cast<float>(c.rms_norm_eps);
   be.upload(ids_.get(), host_tokens, M * sizeof(int32_t));
   StepMeta meta{pos, 0, pos + M, 0};
   be.upload(meta_.get(), &meta, sizeof(meta));
+  if (dump && *dump) {
+    forward_ops(hidden, M, dump);
+    return;
+  }
+  size_t hi = 0;
+  while (hi < hidden_seen_.size() && hidden_seen_[hi] != hidden) hi++;
+  if (hi == hidden_seen_.size()) hidden_seen_.push_back(hidden);
+  graphs_->run(static_cast<uint64_t>(M) | (static_cast<uint64_t>(hi) << 8), [&] { forward_ops(hidden, M, nullptr); });
+}
+
+void MtpHead::forward_ops(const float* hidden, int M, const DumpHook* dump) {
+  Backend& be = t_->backend();
+  const TargetConfig& c = t_->config();
+  const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
+  const float eps = static_cast<float>(c.rms_norm_eps);
   // u = fc([RMS(e)*(1+w_e) ; RMS(H)*(1+w_h)]), embedding half first.
   be.embed(t_->embed_weight(), ids_.i(), e_.f(), M);
   be.rmsnorm(e_.f(), pre_e_.ptr(), e_.f(), M, H, eps);

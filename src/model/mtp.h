@@ -2,16 +2,20 @@
 // target post-final-norm hidden H_j) at pair position j; output Hm (next pair's hidden) and
 // draft logits through the target's shared lm_head.
 #pragma once
+#include <vector>
 #include <memory>
 
 #include "model/qwen38.h"
 
 namespace qf {
 
+class GraphRunner;
+
 class MtpHead {
  public:
   // Loads mtp.* from the target's checkpoint. Throws Tensor errors when a tensor is missing.
   static std::unique_ptr<MtpHead> load(Qwen38Model& target, int max_pos);
+  ~MtpHead();
 
   // Runs M pairs at positions pos..pos+M-1: tokens (host) and hidden rows (backend memory,
   // [M, H]). Writes the head's KV at those positions; attention covers positions <= each row.
@@ -24,7 +28,8 @@ class MtpHead {
   int max_pos() const { return max_pos_; }
 
  private:
-  MtpHead() = default;
+  MtpHead();
+  void forward_ops(const float* hidden, int M, const DumpHook* dump);
   Qwen38Model* t_ = nullptr;
   int max_rows_ = 0, max_pos_ = 0;
   WeightRef fc_;
@@ -32,6 +37,8 @@ class MtpHead {
   LayerWeights layer_;
   BlockScratch scratch_;
   DeviceBuffer kcache_, vcache_, ids_, meta_, e_, cat_, h_, hm_, logits_, argmax_;
+  std::unique_ptr<GraphRunner> graphs_;  // after the buffers: destroyed first
+  std::vector<const float*> hidden_seen_;  // recorded graphs bake in the `hidden` pointer
 };
 
 }  // namespace qf

@@ -120,6 +120,8 @@ void Qwen38Model::build(const std::string& origin, const std::string& lm_name) {
            ws.imported_bytes() / 1e6, m->has_mtp_ ? ", MTP head present" : "");
 }
 
+uint64_t Qwen38Model::graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
+
 void Qwen38Model::set_taps(const std::vector<int>& ids) {
   for (int id : ids)
     if (id < 0 || id >= cfg_.num_hidden_layers)
@@ -193,9 +195,17 @@ void Qwen38Model::forward_ops(TargetState& st, int M, const ForwardOpts& o, cons
   be.embed(embed_, ids_.i(), h, M);
   if (dump && *dump) (*dump)("embed", h, static_cast<size_t>(M) * H);
   const int nt = static_cast<int>(tap_ids_.size());
+  const float* pending = nullptr;
   for (size_t L = 0; L < layers_.size(); L++) {
     LayerIO io;
     io.meta = this->meta();
+    io.pending = pending;
+    bool tapped = false;
+    if (o.taps)
+      for (int t = 0; t < nt; t++) tapped = tapped || tap_ids_[t] == static_cast<int>(L);
+    // Defer the MLP residual add into the next layer's norm unless h is read right after this
+    // layer (taps, dumps) or this is the last layer.
+    io.defer_add = !(dump && *dump) && !tapped && L + 1 < layers_.size();
     const int slot = layer_slot_[L];
     if (layers_[L].full_attention) {
       io.kcache = st.kcache[slot].f();
@@ -206,6 +216,7 @@ void Qwen38Model::forward_ops(TargetState& st, int M, const ForwardOpts& o, cons
     }
     decoder_layer(be, layers_[L], scratch_, h, M, H, I, ad_, gd_, eps, io, dump,
                   "layer." + std::to_string(L));
+    pending = io.defer_add ? scratch_.o.f() : nullptr;
     if (o.taps)
       for (int t = 0; t < nt; t++)
         if (tap_ids_[t] == static_cast<int>(L)) be.copy_2d(taps_.f() + t * H, nt * H, h, H, M, H);

@@ -83,6 +83,8 @@ class Qwen38Model {
   // Restores the GDN state captured after verify row `slot` and sets st.pos = pos.
   void rollback(TargetState& st, int slot, int pos) const;
 
+  // Forwards replayed from a recorded CUDA graph so far (0 on backends without graphs).
+  uint64_t graph_replays() const;
   const int32_t* argmax_ids() const { return argmax_.i(); }
   const float* logits() const { return logits_.f(); }
   const float* final_hidden() const { return hidden_final_.f(); }

@@ -16,7 +16,7 @@
 #   e2e       qflash_e2e_tests *cuda*             (demo pair identity + acceptance on cuda)
 #   gemv      qflash_gemv_bench --quick           (copy ceiling, GEMV GB/s for M = 1..16)
 #   bench27   qflash bench, synthetic Qwen3.8-27B + DFlash2, forced acceptance
-#   benchdemo qflash bench, demo pair, real acceptance
+#   benchdemo qflash bench, demo pair, real acceptance (and 16 prompts with QFLASH_CUDA_GRAPHS=0)
 #   sanitize  compute-sanitizer memcheck on CudaOps (if time is left)
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540). All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
@@ -86,6 +86,8 @@ want bench27 && step bench27 200 plain "$BIN/qflash" bench --device cuda \
   --force-accept 0,2,4,7 --gen 64 --reps 10 --json "$LOG/bench_27b.json"
 want benchdemo && step benchdemo 120 plain "$BIN/qflash" bench --device cuda \
   --prompts models/demo/validation_prompts.jsonl --gen 128 --json "$LOG/bench_demo.json"
+want benchdemo && QFLASH_CUDA_GRAPHS=0 step benchdemo_nograph 60 plain "$BIN/qflash" bench --device cuda \
+  --prompts models/demo/validation_prompts.jsonl --n-prompts 16 --gen 128
 if want sanitize && command -v compute-sanitizer >/dev/null; then
   step sanitize 90 gtest compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/qflash_tests" \
     --gtest_filter='CudaOps*:CudaGdn*:CudaAttention*' --gtest_color=no

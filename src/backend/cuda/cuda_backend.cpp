@@ -219,6 +219,16 @@ class CudaBackend final : public Backend {
                                     cudaMemcpyDeviceToDevice, st_));
     gemv(W, t, ld, y, M, st_);
   }
+  void matmul_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) override {
+    if (M <= 0 || n <= 0) return;
+    bool fused = n <= 4 && gemv_tc_enabled() && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+    for (int i = 0; fused && i < n; i++) fused = gemv_tc_eligible(*Ws[i]) && Ws[i]->cols == Ws[0]->cols;
+    if (!fused) {
+      for (int i = 0; i < n; i++) matmul(*Ws[i], x, ys[i], M);
+      return;
+    }
+    gemv_tc_group(Ws, ys, n, x, static_cast<int>(Ws[0]->cols), M, st_);
+  }
   void embed(const WeightRef& E, const int32_t* ids, float* out, int M) override {
     cuda::embed(E, ids, out, M, err_dev_, st_);
   }
@@ -230,6 +240,9 @@ class CudaBackend final : public Backend {
     cuda::rmsnorm_gated(x, gate, w, y, rows, n, eps, st_);
   }
   void add(float* y, const float* x, size_t n) override { cuda::add(y, x, n, st_); }
+  void add_rmsnorm(float* h, const float* r, const float* w, float* y, int rows, int n, float eps) override {
+    cuda::add_rmsnorm(h, r, w, y, rows, n, eps, st_);
+  }
   void scale(float* y, float s, size_t n) override { cuda::scale(y, s, n, st_); }
   void swiglu(const float* g, const float* u, float* out, size_t n) override { cuda::swiglu(g, u, out, n, st_); }
   void sigmoid_mul(float* y, const float* g, size_t n) override { cuda::sigmoid_mul(y, g, n, st_); }

@@ -73,6 +73,25 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const float* x, const f
   }
 }
 
+// h += r, then y = rmsnorm(h) * w: the add kernel and rmsnorm_kernel<WARP_ROWS, false> in one
+// launch, same arithmetic (each thread re-reads only the elements it wrote itself).
+template <bool WARP_ROWS>
+__global__ void __launch_bounds__(kBlock) add_rmsnorm_kernel(float* h, const float* __restrict__ res,
+                                                             const float* __restrict__ w, float* y, int rows, int n,
+                                                             float eps) {
+  __shared__ float sh[kBlock / 32];
+  const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
+  if (r >= rows) return;
+  float* hr = h + static_cast<size_t>(r) * n;
+  const float* rr = res + static_cast<size_t>(r) * n;
+  float* yr = y + static_cast<size_t>(r) * n;
+  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+  const int step = WARP_ROWS ? 32 : kBlock;
+  for (int i = t0; i < n; i += step) hr[i] = __fadd_rn(hr[i], rr[i]);
+  const float inv = rms_inv(row_sumsq<WARP_ROWS>(hr, n, sh), n, eps);
+  for (int i = t0; i < n; i += step) yr[i] = __fmul_rn(__fmul_rn(hr[i], inv), w ? w[i] : 1.0f);
+}
+
 template <bool GATED>
 void rmsnorm_launch(const float* x, const float* gate, const float* w, float* y, int rows, int n, float eps,
                     cudaStream_t st) {
@@ -233,6 +252,14 @@ void rmsnorm(const float* x, const float* w, float* y, int rows, int n, float ep
 void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, int rows, int n, float eps,
                    cudaStream_t st) {
   rmsnorm_launch<true>(x, gate, w, y, rows, n, eps, st);
+}
+void add_rmsnorm(float* h, const float* r, const float* w, float* y, int rows, int n, float eps, cudaStream_t st) {
+  if (rows <= 0 || n <= 0) return;
+  if (n <= 1024)
+    add_rmsnorm_kernel<true><<<(rows + 7) / 8, kBlock, 0, st>>>(h, r, w, y, rows, n, eps);
+  else
+    add_rmsnorm_kernel<false><<<rows, kBlock, 0, st>>>(h, r, w, y, rows, n, eps);
+  QF_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
 }
 void add(float* y, const float* x, size_t n, cudaStream_t st) { ew_launch<EwOp::Add>(y, x, nullptr, 0, n, st); }
 void scale(float* y, float s, size_t n, cudaStream_t st) { ew_launch<EwOp::Scale>(y, nullptr, nullptr, s, n, st); }

@@ -1,5 +1,8 @@
 // Backend::matmul's entry point: validates, plans (shape-only column split), and runs the
 // multi-row GEMV in passes of at most 16 rows. See gemv_impl.cuh.
+#include <cstdlib>
+#include <cstring>
+
 #include "backend/cuda/gemv_impl.cuh"
 
 namespace qf::cuda {
@@ -16,7 +19,18 @@ int cw_of(DType t) {
 int bucket(int m) { return m <= 1 ? 1 : m <= 2 ? 2 : m <= 4 ? 4 : m <= 8 ? 8 : 16; }
 }  // namespace
 
-int gemv_auto_slices(const WeightRef& W) { return gemv_slices_for(W.rows, W.cols, cw_of(W.dtype)); }
+bool gemv_tc_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("QFLASH_GEMV");
+    return !(e && std::strcmp(e, "fma") == 0);
+  }();
+  return on;
+}
+
+int gemv_auto_slices(const WeightRef& W) {
+  if (gemv_tc_enabled() && gemv_tc_eligible(W)) return gemv_tc_slices((W.rows + 31) / 32, W.cols);
+  return gemv_slices_for(W.rows, W.cols, cw_of(W.dtype));
+}
 
 bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks, int variant) {
   if (M <= 0 || W.rows <= 0) return true;
@@ -26,6 +40,10 @@ bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStr
   if ((reinterpret_cast<uintptr_t>(x) & 15) != 0 || x_ld % 4 != 0 || x_ld < W.cols)
     backend_fail("cuda matmul: activations must be 16-byte aligned with a row stride multiple of 4 >= cols "
                  "(x %p, ld %d, cols %lld)", static_cast<const void*>(x), x_ld, (long long)W.cols);
+  if (variant == 0 && gemv_tc_enabled() && gemv_tc_eligible(W)) {
+    gemv_tc(W, x, x_ld, y, M, st, force_ks);
+    return true;
+  }
   const int cw = cw_of(W.dtype);
   GemvParams P{};
   P.w = W.data;

@@ -29,6 +29,16 @@ const char* dev_error_text(int code);
 // launched) only for a bench variant that does not exist at that M.
 bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks = 0,
           int variant = 0);
+// Tensor-core path (gemv_tc.cu): bf16 weights with cols % 64 == 0 take it for every M (decode
+// included), unless QFLASH_GEMV=fma selects the CUDA-core kernel for the whole process.
+bool gemv_tc_eligible(const WeightRef& W);
+int gemv_tc_slices(int64_t tiles, int64_t cols);  // tiles: 32-row tiles of the (grouped) weights
+void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks = 0);
+// Up to 4 tc-eligible weights with the same cols reading the same x, in one launch; the column
+// split is chosen from the group's total rows and cols (shape-only).
+void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
+                   cudaStream_t st, int force_ks = 0);
+bool gemv_tc_enabled();
 // Column slices the automatic plan uses for this matrix (shape-only).
 int gemv_auto_slices(const WeightRef& W);
 // Bench schedule variants (bf16, 16-byte aligned weights, M in {1, 5..8, 9..16}): 0 = default.
@@ -40,6 +50,7 @@ const char* gemv_variant_name(int v);
 void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale, cudaStream_t st);
 void embed(const WeightRef& E, const int32_t* ids, float* out, int M, DevError* err, cudaStream_t st);
 void rmsnorm(const float* x, const float* w, float* y, int rows, int n, float eps, cudaStream_t st);
+void add_rmsnorm(float* h, const float* r, const float* w, float* y, int rows, int n, float eps, cudaStream_t st);
 void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, int rows, int n, float eps,
                    cudaStream_t st);
 void add(float* y, const float* x, size_t n, cudaStream_t st);

@@ -146,6 +146,77 @@ __global__ void __launch_bounds__(kSortThreads) topk_pass_kernel(const float* __
   }
 }
 
+// Selection pass for small k (<= kSelMaxK): a block holds one segment of kSelSeg pairs in
+// registers (kSelE per thread) and extracts its first k in order, one block-wide "best of the
+// rest" per output. Cheaper than sorting the segment when k is small; same total order, so the
+// same result.
+constexpr int kSelThreads = 256;
+constexpr int kSelE = 8;
+constexpr int kSelSeg = kSelThreads * kSelE;
+constexpr int kSelMaxK = 64;
+
+__global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const float* __restrict__ in_v,
+                                                                  const int32_t* __restrict__ in_i, int n_in,
+                                                                  size_t in_ld, int k, float* __restrict__ out_v,
+                                                                  int32_t* __restrict__ out_i, size_t out_ld) {
+  __shared__ float wv[kSelThreads / 32];
+  __shared__ int wi[kSelThreads / 32];
+  __shared__ int win;
+  const int m = blockIdx.y, seg = blockIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const float* rv = in_v + m * in_ld;
+  const int32_t* ri = in_i ? in_i + m * in_ld : nullptr;
+  float v[kSelE];
+  int id[kSelE];
+#pragma unroll
+  for (int e = 0; e < kSelE; e++) {
+    const int x = seg * kSelSeg + e * kSelThreads + threadIdx.x;
+    if (x < n_in) {
+      v[e] = rv[x];
+      id[e] = ri ? ri[x] : x;
+    } else {
+      v[e] = -INFINITY;
+      id[e] = INT_MAX;
+    }
+  }
+  float* ov = out_v + m * out_ld + static_cast<size_t>(seg) * k;
+  int32_t* oi = out_i + m * out_ld + static_cast<size_t>(seg) * k;
+  for (int r = 0; r < k; r++) {
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+#pragma unroll
+    for (int e = 0; e < kSelE; e++)
+      if (before(v[e], id[e], bv, bi)) {
+        bv = v[e];
+        bi = id[e];
+      }
+    warp_best(bv, bi);
+    if (lane == 0) {
+      wv[warp] = bv;
+      wi[warp] = bi;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      bv = lane < kSelThreads / 32 ? wv[lane] : -INFINITY;
+      bi = lane < kSelThreads / 32 ? wi[lane] : INT_MAX;
+      warp_best(bv, bi);
+      if (lane == 0) {
+        ov[r] = bv;
+        oi[r] = bi;
+        win = bi;
+      }
+    }
+    __syncthreads();
+    const int w = win;
+#pragma unroll
+    for (int e = 0; e < kSelE; e++)
+      if (id[e] == w) {  // indices are unique (padding is INT_MAX and ranks last)
+        v[e] = -INFINITY;
+        id[e] = INT_MAX;
+      }
+  }
+}
+
 // ---- selector walk -----------------------------------------------------------------------------
 constexpr int kWalkThreads = 256;
 
@@ -212,8 +283,11 @@ void argmax_rows(const float* x, int M, int n, int32_t* out, void* scratch, cuda
   QF_CUDA_LAUNCH_CHECK("argmax_final_kernel");
 }
 
+int topk_seg_len(int k) { return k <= kSelMaxK ? kSelSeg : kSeg; }
+
 size_t topk_scratch_bytes(int M, int n, int k) {
-  const size_t nseg = (static_cast<size_t>(n) + kSeg - 1) / kSeg;
+  const size_t seg = static_cast<size_t>(topk_seg_len(k));
+  const size_t nseg = (static_cast<size_t>(n) + seg - 1) / seg;
   if (nseg <= 1) return 0;
   // two ping-pong buffers of (value, index) planes
   return 2 * static_cast<size_t>(M) * nseg * k * (sizeof(float) + sizeof(int32_t));
@@ -224,7 +298,9 @@ void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, v
   if (k > n) backend_fail("cuda topk_rows: k %d exceeds the row length %d", k, n);
   if (k > kSeg / 2) backend_fail("cuda topk_rows: k %d exceeds the supported %d", k, kSeg / 2);
   if (M > 65535) backend_fail("cuda topk_rows: %d rows in one call", M);
-  const size_t nseg0 = (static_cast<size_t>(n) + kSeg - 1) / kSeg;
+  const bool sel = k <= kSelMaxK;
+  const int seg_len = topk_seg_len(k);
+  const size_t nseg0 = (static_cast<size_t>(n) + seg_len - 1) / seg_len;
   const size_t plane = static_cast<size_t>(M) * nseg0 * k;  // elements per buffer plane
   char* s = static_cast<char*>(scratch);
   float* bufv[2] = {reinterpret_cast<float*>(s), reinterpret_cast<float*>(s + plane * 8)};
@@ -233,18 +309,23 @@ void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, v
   const int32_t* in_i = nullptr;
   size_t in_ld = static_cast<size_t>(n);
   int n_cur = n, which = 0;
-  for (;;) {
-    const int nseg = (n_cur + kSeg - 1) / kSeg;
-    if (nseg == 1) {
-      topk_pass_kernel<<<dim3(1, M), kSortThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, vals, ids,
-                                                            static_cast<size_t>(k));
+  auto pass = [&](int nseg, float* ov, int32_t* oi, size_t out_ld) {
+    if (sel) {
+      topk_select_kernel<<<dim3(nseg, M), kSelThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, ov, oi, out_ld);
+      QF_CUDA_LAUNCH_CHECK("topk_select_kernel");
+    } else {
+      topk_pass_kernel<<<dim3(nseg, M), kSortThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, ov, oi, out_ld);
       QF_CUDA_LAUNCH_CHECK("topk_pass_kernel");
+    }
+  };
+  for (;;) {
+    const int nseg = (n_cur + seg_len - 1) / seg_len;
+    if (nseg == 1) {
+      pass(1, vals, ids, static_cast<size_t>(k));
       return;
     }
     const size_t out_ld = static_cast<size_t>(nseg) * k;
-    topk_pass_kernel<<<dim3(nseg, M), kSortThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, bufv[which], bufi[which],
-                                                             out_ld);
-    QF_CUDA_LAUNCH_CHECK("topk_pass_kernel");
+    pass(nseg, bufv[which], bufi[which], out_ld);
     in_v = bufv[which];
     in_i = bufi[which];
     in_ld = out_ld;

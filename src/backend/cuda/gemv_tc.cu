@@ -1,0 +1,310 @@
+// Tensor-core multi-row GEMV for bf16 weights: y[m, r] = sum_c x[m, c] * W[r, c] for M <= 16
+// token rows, with the token dimension as the MMA's narrow side (n = 8), always padded to a full
+// tile. Design notes: docs/experiments/cuda_kernels.md ("tensor-core GEMV").
+//
+// Arithmetic. mma.sync m16n8k16 bf16 x bf16 -> fp32. The weights are bf16 already. Each fp32
+// activation is split exactly into three bf16 pieces, x = x0 + x1 + x2 (x0 = bf16_rn(x),
+// x1 = bf16_rn(x - x0), x2 = x - x0 - x1, every subtraction exact), so each product w * x_i is
+// exact and the sum carries fp32-level accuracy. The three pieces go through three MMAs into the
+// same accumulator (x2, x1, x0 in that order).
+//
+// Row-invariance. Token m always sits in column m % 8 of token tile m / 8, and an MMA output
+// element depends only on its own A row, its own B column and its own accumulator. The k order
+// (a fixed permutation of the columns inside each 64-column chunk), the chunk order and the
+// column-slice reduction depend on the matrix shape only. So token m's result is bit-identical
+// for every M: decode (M = 1, seven zero columns) and verify (M = k + 1) agree bit for bit.
+//
+// Geometry. A warp owns 32 weight rows (two 16-row A tiles) and one column slice. Lane (g, t),
+// g = lane / 4, t = lane % 4, reads 16 bytes twice from rows g, g + 8, g + 16, g + 24 of its
+// tile at columns [c + 16 t, c + 16 t + 16) of each 64-column chunk c; MMA step s (0..3) of the
+// chunk uses words 2s, 2s + 1 of those 8 words, i.e. logical k-pair t <- columns 16t + 4s + {0,1}
+// and logical k-pair t + 4 <- columns 16t + 4s + {2,3}. The B fragment for token g uses the same
+// mapping, so the permutation cancels in the dot product.
+#include <cmath>
+
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/kernels.h"
+
+namespace qf::cuda {
+
+namespace {
+
+constexpr int kTcWarps = 8;  // warps per block
+
+constexpr int kTcMaxSeg = 4;  // weights sharing one launch (same x, same cols)
+
+struct TcParams {
+  // Segment i: weight w[i] [rows[i], cols] -> y[i] [M, rows[i]]; its 32-row tiles are the global
+  // tiles [tile0[i], tile0[i + 1]).
+  const uint16_t* w[kTcMaxSeg];
+  float* y[kTcMaxSeg];
+  int rows[kTcMaxSeg];
+  int tile0[kTcMaxSeg + 1];
+  int nseg;
+  const float* x;
+  int cols, x_ld, M;
+  int ks;               // column slices (power of two <= 8)
+  int cps;              // chunks per slice
+  int nchunks;          // cols / 64
+  int tiles_per_block;  // kTcWarps / ks
+};
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t bf16_rn_bits(float v) {
+  return static_cast<uint32_t>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
+
+// Exact three-way split of two adjacent activations into packed bf16 pairs (low half = the
+// lower column). p[i] holds piece i of (lo, hi).
+__device__ __forceinline__ void split_pair(float lo, float hi, uint32_t (&p)[3]) {
+  const uint32_t l0 = bf16_rn_bits(lo), h0 = bf16_rn_bits(hi);
+  const float lr = __fsub_rn(lo, __uint_as_float(l0 << 16)), hr = __fsub_rn(hi, __uint_as_float(h0 << 16));
+  const uint32_t l1 = bf16_rn_bits(lr), h1 = bf16_rn_bits(hr);
+  const float lr2 = __fsub_rn(lr, __uint_as_float(l1 << 16)), hr2 = __fsub_rn(hr, __uint_as_float(h1 << 16));
+  const uint32_t l2 = bf16_rn_bits(lr2), h2 = bf16_rn_bits(hr2);
+  p[0] = l0 | (h0 << 16);
+  p[1] = l1 | (h1 << 16);
+  p[2] = l2 | (h2 << 16);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& a, const uint4& b, int w) {
+  // words 0..3 in a, 4..7 in b (w is a compile-time constant after unrolling)
+  return w == 0 ? a.x : w == 1 ? a.y : w == 2 ? a.z : w == 3 ? a.w : w == 4 ? b.x : w == 5 ? b.y : w == 6 ? b.z : b.w;
+}
+
+__device__ __forceinline__ int seg_of(const TcParams& P, int tile) {
+  int s = 0;
+#pragma unroll
+  for (int i = 1; i < kTcMaxSeg; i++)
+    if (i < P.nseg && tile >= P.tile0[i]) s = i;
+  return s;
+}
+
+template <int NT>
+__global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int slice = warp % P.ks, rl = warp / P.ks;
+  const int gtile = blockIdx.x * P.tiles_per_block + rl;
+  const int seg = seg_of(P, gtile);
+  const int nrows = gtile < P.tile0[P.nseg] ? P.rows[seg] : 0;  // tiles past the end: no rows
+  const uint16_t* W = P.w[seg];
+  float* Y = P.y[seg];
+  const int row0 = (gtile - P.tile0[seg]) * 32;
+
+  // Rows of this lane: i = 0..3 -> row0 + 16 * (i / 2) + g + 8 * (i % 2).
+  const char* wp[4];
+  bool rv[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const int r = row0 + 16 * (i >> 1) + g + 8 * (i & 1);
+    rv[i] = r < nrows;
+    wp[i] = reinterpret_cast<const char*>(W) + static_cast<size_t>(rv[i] ? r : 0) * P.cols * 2;
+  }
+  bool xv[NT];
+  const float* xp[NT];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    xv[j] = j * 8 + g < P.M;
+    xp[j] = P.x + static_cast<size_t>(xv[j] ? j * 8 + g : 0) * P.x_ld;
+  }
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[a][j][e] = 0.0f;
+
+  const int ch0 = slice * P.cps;
+  const int ch1 = min(ch0 + P.cps, P.nchunks);
+  const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
+
+  // Double buffer: the next chunk's 8 weight vectors are in flight while this one is used.
+  uint4 wcur[4][2], wnxt[4][2];
+  auto load_w = [&](uint4 (&dst)[4][2], int ch) {
+    const size_t off = (static_cast<size_t>(ch) * 64 + 16 * t) * 2;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      dst[i][0] = rv[i] ? ld_stream16(wp[i] + off) : z4;
+      dst[i][1] = rv[i] ? ld_stream16(wp[i] + off + 16) : z4;
+    }
+  };
+  if (ch0 < ch1) load_w(wcur, ch0);
+  for (int ch = ch0; ch < ch1; ch++) {
+    if (ch + 1 < ch1) load_w(wnxt, ch + 1);
+    const int c = ch * 64 + 16 * t;
+    float4 xs[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        xs[j][q] = xv[j] ? __ldg(reinterpret_cast<const float4*>(xp[j] + c + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    // This chunk's 12 MMAs per tile go into a fresh accumulator that is then added to the running
+    // sum with one IEEE add: the tensor core's own fp32 accumulation truncates, so its error is
+    // kept relative to one chunk's partial sum instead of the whole row's.
+    float cacc[2][NT][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) cacc[a][j][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      uint32_t b0[NT][3], b1[NT][3];
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        split_pair(xs[j][s].x, xs[j][s].y, b0[j]);
+        split_pair(xs[j][s].z, xs[j][s].w, b1[j]);
+      }
+#pragma unroll
+      for (int a = 0; a < 2; a++) {
+        const uint32_t a0 = word_of(wcur[2 * a][0], wcur[2 * a][1], 2 * s);
+        const uint32_t a1 = word_of(wcur[2 * a + 1][0], wcur[2 * a + 1][1], 2 * s);
+        const uint32_t a2 = word_of(wcur[2 * a][0], wcur[2 * a][1], 2 * s + 1);
+        const uint32_t a3 = word_of(wcur[2 * a + 1][0], wcur[2 * a + 1][1], 2 * s + 1);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][2], b1[j][2]);
+          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][1], b1[j][1]);
+          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][0], b1[j][0]);
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[a][j][e] = __fadd_rn(acc[a][j][e], cacc[a][j][e]);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      wcur[i][0] = wnxt[i][0];
+      wcur[i][1] = wnxt[i][1];
+    }
+  }
+
+  // Accumulator element e of tile (a, j): row row0 + 16a + g + 8(e / 2), token 8j + 2t + (e % 2).
+  if (P.ks == 1) {
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int r = row0 + 16 * a + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
+          if (r < nrows && m < P.M) Y[static_cast<size_t>(m) * nrows + r] = acc[a][j][e];
+        }
+    return;
+  }
+  // Column slices: partial sums through shared memory, added in slice order.
+  extern __shared__ float red[];  // [warp][a][j][e][lane]
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) red[(((warp * 2 + a) * NT + j) * 4 + e) * 32 + lane] = acc[a][j][e];
+  __syncthreads();
+  const int per_tile = 2 * NT * 4 * 32;
+  for (int idx = threadIdx.x; idx < P.tiles_per_block * per_tile; idx += blockDim.x) {
+    const int tl = idx / per_tile, rem = idx % per_tile;
+    const int ln = rem % 32, e = (rem / 32) % 4, j = (rem / 128) % NT, a = rem / (128 * NT);
+    const int gg = ln >> 2, tt = ln & 3;
+    const int gt = blockIdx.x * P.tiles_per_block + tl;
+    if (gt >= P.tile0[P.nseg]) continue;
+    const int sg = seg_of(P, gt);
+    const int rows_s = P.rows[sg];
+    const int r = (gt - P.tile0[sg]) * 32 + 16 * a + gg + 8 * (e >> 1);
+    const int m = 8 * j + 2 * tt + (e & 1);
+    if (r >= rows_s || m >= P.M) continue;
+    float s = 0.0f;
+    for (int k = 0; k < P.ks; k++) s = __fadd_rn(s, red[((((tl * P.ks + k) * 2 + a) * NT + j) * 4 + e) * 32 + ln]);
+    P.y[sg][static_cast<size_t>(m) * rows_s + r] = s;
+  }
+}
+
+}  // namespace
+
+bool gemv_tc_eligible(const WeightRef& W) {
+  return W.dtype == DType::BF16 && W.cols % 64 == 0 && (reinterpret_cast<uintptr_t>(W.data) & 15) == 0 &&
+         W.rows > 0 && W.rows < (1 << 30) && W.cols < (1 << 30);
+}
+
+// Column slices from the shape alone (never from M): the smallest ks in {1, 2, 4, 8} that keeps at
+// least 8 chunks per slice and fills the last wave of blocks best. A wave is kTcConcurrentBlocks
+// blocks (132 SMs x 2 resident 8-warp blocks on the H200; a constant, so the choice is the same on
+// every device and for every M).
+constexpr int kTcConcurrentBlocks = 264;
+int gemv_tc_slices(int64_t tiles, int64_t cols) {
+  const int64_t nch = cols / 64;
+  int best = 1;
+  double best_eff = -1;
+  for (int ks = 1; ks <= kTcWarps; ks *= 2) {
+    if (ks > 1 && nch < 8 * ks) break;
+    const double blocks = std::ceil(static_cast<double>(tiles) * ks / kTcWarps);
+    const double waves = blocks / kTcConcurrentBlocks;
+    const double eff = waves / std::ceil(waves);
+    if (eff > best_eff + 0.02) {
+      best = ks;
+      best_eff = eff;
+    }
+  }
+  return best;
+}
+
+void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
+                   cudaStream_t st, int force_ks) {
+  if (n < 1 || n > kTcMaxSeg) backend_fail("cuda matmul (tc): %d weights in one group (1..%d)", n, kTcMaxSeg);
+  TcParams P{};
+  P.nseg = n;
+  P.cols = static_cast<int>(Ws[0]->cols);
+  P.x_ld = x_ld;
+  int64_t tiles = 0;
+  for (int i = 0; i < n; i++) {
+    if (Ws[i]->cols != Ws[0]->cols) backend_fail("cuda matmul (tc): grouped weights differ in cols");
+    P.w[i] = static_cast<const uint16_t*>(Ws[i]->data);
+    P.rows[i] = static_cast<int>(Ws[i]->rows);
+    P.tile0[i] = static_cast<int>(tiles);
+    tiles += (Ws[i]->rows + 31) / 32;
+  }
+  P.tile0[n] = static_cast<int>(tiles);
+  P.ks = force_ks > 0 ? force_ks : gemv_tc_slices(tiles, P.cols);
+  if (P.ks != 1 && P.ks != 2 && P.ks != 4 && P.ks != 8) backend_fail("cuda matmul (tc): column slices %d not in {1,2,4,8}", P.ks);
+  P.nchunks = P.cols / 64;
+  P.cps = (P.nchunks + P.ks - 1) / P.ks;
+  P.tiles_per_block = kTcWarps / P.ks;
+  const unsigned grid = static_cast<unsigned>((tiles + P.tiles_per_block - 1) / P.tiles_per_block);
+  for (int g0 = 0; g0 < M; g0 += 16) {
+    const int mg = M - g0 < 16 ? M - g0 : 16;
+    P.M = mg;
+    P.x = x + static_cast<size_t>(g0) * x_ld;
+    for (int i = 0; i < n; i++) P.y[i] = ys[i] + static_cast<size_t>(g0) * Ws[i]->rows;
+    if (mg <= 8) {
+      const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 1 * 4 * 32 * sizeof(float) : 0;
+      gemv_tc_kernel<1><<<grid, kTcWarps * 32, smem, st>>>(P);
+    } else {
+      const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 2 * 4 * 32 * sizeof(float) : 0;
+      gemv_tc_kernel<2><<<grid, kTcWarps * 32, smem, st>>>(P);
+    }
+    QF_CUDA_LAUNCH_CHECK("gemv_tc_kernel");
+  }
+}
+
+void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks) {
+  const WeightRef* ws[1] = {&W};
+  float* ys[1] = {y};
+  gemv_tc_group(ws, ys, 1, x, x_ld, M, st, force_ks);
+}
+
+}  // namespace qf::cuda
