@@ -18,6 +18,8 @@
 #   bench27   qflash bench, synthetic Qwen3.8-27B + DFlash2, forced acceptance
 #   benchdemo qflash bench, demo pair, real acceptance (and 16 prompts with QFLASH_CUDA_GRAPHS=0)
 #   sanitize  compute-sanitizer memcheck on CudaOps (if time is left)
+#   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
+#             counters for four gemv_tc_kernel launches
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540). All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
 set -uo pipefail
@@ -88,6 +90,16 @@ want benchdemo && step benchdemo 120 plain "$BIN/qflash" bench --device cuda \
   --prompts models/demo/validation_prompts.jsonl --gen 128 --json "$LOG/bench_demo.json"
 want benchdemo && QFLASH_CUDA_GRAPHS=0 step benchdemo_nograph 60 plain "$BIN/qflash" bench --device cuda \
   --prompts models/demo/validation_prompts.jsonl --n-prompts 16 --gen 128
+# A/B: the same bench with the CUDA-core GEMV everywhere (plain decode and verify ratios only matter)
+want bench27fma && QFLASH_GEMV=fma step bench27fma 120 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json --force-accept 4 --gen 32 --reps 5 --no-mtp
+# Hardware counters for the tensor-core GEMV (one launch per shape class), for the next tuning round
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+if want ncu && [[ -n "$NCU" ]]; then
+  step ncu 150 plain "$NCU" --clock-control none --kernel-name regex:gemv_tc_kernel --launch-skip 40 --launch-count 4 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
+    --section LaunchStats --section SchedulerStats "$BIN/qflash_gemv_bench" --quick --reps 3
+fi
 if want sanitize && command -v compute-sanitizer >/dev/null; then
   step sanitize 90 gtest compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/qflash_tests" \
     --gtest_filter='CudaOps*:CudaGdn*:CudaAttention*' --gtest_color=no
