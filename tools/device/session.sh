@@ -20,7 +20,8 @@
 #   sanitize  compute-sanitizer memcheck on CudaOps (if time is left)
 #   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
 #             counters for four gemv_tc_kernel launches
-# Every step gets a timeout cut to the time left under BUDGET (s, default 540). All logs go
+# Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
+# the files it brings back. All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -112,9 +113,12 @@ fi
     printf '%-10s %-9s %5s  %s\n' "${NAMES[$i]}" "${STATUS[$i]}" "${SECS[$i]}" "${DETAIL[$i]}"
   done
 } >"$LOG/summary.txt"
-cp "$LOG/summary.txt" "$OUTDIR/summary.txt"
-for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/"; done
-tar -C "$LOG" -czf "$OUTDIR/logs.tgz" .
+# TAG (optional) names this invocation's files, so that one device call can run the script twice
+# (say with and without an environment switch) and bring both back.
+SFX="${TAG:+-$TAG}"
+cp "$LOG/summary.txt" "$OUTDIR/summary$SFX.txt"
+for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/$(basename "$j" .json)$SFX.json"; done
+tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
 for f in "$LOG"/bench27.log "$LOG"/benchdemo.log "$LOG"/gemv.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
