@@ -25,6 +25,7 @@ namespace {
 
 int g_reps = 30;
 cudaStream_t g_st;
+GemvScratch g_sc;
 
 #define CUBLAS_OK(x)                                                                 \
   do {                                                                               \
@@ -171,6 +172,7 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop;
     QF_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     QF_CUDA_CHECK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
+    gemv_scratch_create(g_sc);
     std::printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MB, %.0f GB; reps %d (median)\n", prop.name, prop.major,
                 prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1e6, prop.totalGlobalMem / 1e9, g_reps);
     const Ceil ce = ceilings();
@@ -187,14 +189,17 @@ int main(int argc, char** argv) {
       DType dt;
       int64_t rows, cols;
     };
-    std::vector<Shape> shapes = {{"mlp up/gate 17408x5120", DType::BF16, 17408, 5120},
+    std::vector<Shape> shapes = {{"mlp gate|up 34816x5120", DType::BF16, 34816, 5120},
+                                 {"gdn in 16480x5120", DType::BF16, 16480, 5120},
+                                 {"mlp up/gate 17408x5120", DType::BF16, 17408, 5120},
                                  {"mlp down 5120x17408", DType::BF16, 5120, 17408},
                                  {"lm_head 248320x5120", DType::BF16, 248320, 5120},
                                  {"gdn qkv 10240x5120", DType::BF16, 10240, 5120},
+                                 {"attn o 5120x6144", DType::BF16, 5120, 6144},
                                  {"kv proj 1024x5120", DType::BF16, 1024, 5120},
                                  {"int4 g64 17408x5120", DType::U32, 17408, 5120},
                                  {"int4 g64 5120x17408", DType::U32, 5120, 17408}};
-    if (quick) shapes.resize(3);
+    if (quick) shapes.resize(7);
     const int Ms[] = {1, 2, 4, 8, 16};
     const int maxM = 16;
     std::printf("%-24s %3s %4s %10s %9s %7s %8s %11s %9s\n", "matmul", "M", "ks", "time_us", "GB/s", "%copy", "xM=1",
@@ -216,7 +221,7 @@ int main(int argc, char** argv) {
       const int nb = static_cast<int>(m.w.size());
       double t1 = 0;
       for (int M : Ms) {
-        const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st); });
+        const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, &g_sc); });
         if (M == 1) t1 = t;
         double tc = NAN;
         if (xb) {
@@ -236,18 +241,32 @@ int main(int argc, char** argv) {
         std::printf("%s\n", line);
         summary.push_back(line);
       }
+      // tensor-core schedules (column slices vs the stream-K variants), GB/s of weight bytes
+      if (s.dt == DType::BF16 && gemv_tc_eligible(m.w[0])) {
+        for (int M : Ms) {
+          std::printf("  tc schedules M=%-2d:", M);
+          for (int v = 1; v < gemv_tc_sched_count(); v++) {
+            const double t = median_us([&](int i) {
+              gemv_tc(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, &g_sc, v);
+            });
+            std::printf(" %s %.0f (%.1f%%);", gemv_tc_sched_name(v), m.bytes / (t * 1e-6) / 1e9,
+                        100.0 * m.bytes / (t * 1e-6) / 1e9 / ce.copy_gbs);
+          }
+          std::printf("\n");
+        }
+      }
       // schedule variants and forced column splits (bf16): which schedule streams best
       if (!quick && s.dt == DType::BF16) {
         for (int M : {1, 8, 16}) {
           std::printf("  variants M=%d:", M);
           for (int v = 0; v < gemv_variant_count(); v++) {
-            if (!gemv(m.w[0], x, static_cast<int>(s.cols), y, M, g_st, 0, v)) continue;  // not built at this M
-            const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, 0, v); });
+            if (!gemv(m.w[0], x, static_cast<int>(s.cols), y, M, g_st, &g_sc, 0, v)) continue;  // not built at this M
+            const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, &g_sc, 0, v); });
             std::printf(" %s %.0f GB/s;", gemv_variant_name(v), m.bytes / (t * 1e-6) / 1e9);
           }
           std::printf("\n  forced ks M=%d:", M);
           for (int ks : {1, 2, 4, 8}) {
-            const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, ks); });
+            const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, nullptr, ks); });
             std::printf(" ks%d %.0f GB/s;", ks, m.bytes / (t * 1e-6) / 1e9);
           }
           std::printf("\n");

@@ -19,6 +19,12 @@
 #include "support/fixtures.h"
 #include "support/test_models.h"
 
+#if QFLASH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/kernels.h"
+#endif
+
 namespace qf {
 namespace {
 
@@ -439,6 +445,82 @@ TEST(CudaMatmul, FullSizeShapes) {
     EXPECT_LE(maxerr, 1e-5 * maxref) << s.rows << "x" << s.cols << " max err " << maxerr << " max|ref| " << maxref;
   }
 }
+
+#if QFLASH_HAVE_CUDA
+// Every tensor-core schedule (column slices and each stream-K variant; the backend uses one, the
+// bench compares them all): each tracks the CPU and gives row m the same bits for every M. The
+// shapes cover stream-K tiles cut into many pieces (few rows, long rows), tiles one warp covers
+// whole (many rows, short rows), a single warp, and a grouped launch.
+TEST(CudaMatmul, TcSchedulesMatchCpuAndRowInvariant) {
+  NEED_GPU();
+  cuda::GemvScratch sc;
+  cuda::gemv_scratch_create(sc);
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreate(&st));
+  struct Case {
+    std::vector<int64_t> rows;
+    int64_t cols;
+  };
+  for (const Case& cs : {Case{{48}, 5120}, Case{{1000}, 4096}, Case{{37}, 256}, Case{{4100}, 128},
+                         Case{{640, 33, 96}, 1024}, Case{{5}, 64}}) {
+    const int n = static_cast<int>(cs.rows.size());
+    std::vector<TestWeight> tw;
+    std::vector<WeightRef> wd(n);
+    std::vector<const WeightRef*> wp(n);
+    for (int i = 0; i < n; i++) tw.push_back(make_weight(G, DType::BF16, cs.rows[i], cs.cols, 900 + 13 * i + cs.rows[i]));
+    for (int i = 0; i < n; i++) {
+      wd[i] = tw[i].dev();
+      wp[i] = &wd[i];
+    }
+    const int maxM = 16;
+    auto x = randv(static_cast<size_t>(maxM) * cs.cols, 321);
+    DeviceBuffer dx = up(G, x);
+    std::vector<std::vector<float>> ref(n);
+    for (int i = 0; i < n; i++) {
+      ref[i].resize(static_cast<size_t>(maxM) * cs.rows[i]);
+      C->matmul(tw[i].host(), x.data(), ref[i].data(), maxM);
+    }
+    for (int sched = 1; sched < cuda::gemv_tc_sched_count(); sched++) {
+      const std::string what = std::string(cuda::gemv_tc_sched_name(sched)) + " " + std::to_string(cs.rows[0]) + "x" +
+                               std::to_string(cs.cols) + (n > 1 ? " group" : "");
+      // run(M, off): rows off .. off + M - 1 of x through the schedule, outputs downloaded
+      auto run = [&](int M, int off) {
+        std::vector<DeviceBuffer> dy;
+        std::vector<float*> yp;
+        for (int i = 0; i < n; i++) {
+          dy.emplace_back(G, static_cast<size_t>(M) * cs.rows[i] * sizeof(float));
+          poison(G, dy.back().get(), dy.back().bytes());
+          yp.push_back(dy.back().f());
+        }
+        G->sync();
+        cuda::gemv_tc_group(wp.data(), yp.data(), n, dx.f() + static_cast<size_t>(off) * cs.cols,
+                            static_cast<int>(cs.cols), M, st, &sc, sched);
+        EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+        std::vector<std::vector<float>> out(n);
+        for (int i = 0; i < n; i++) out[i] = down<float>(G, dy[i].get(), static_cast<size_t>(M) * cs.rows[i]);
+        return out;
+      };
+      std::vector<std::vector<float>> one(n);
+      for (int i = 0; i < n; i++) one[i].resize(static_cast<size_t>(maxM) * cs.rows[i]);
+      for (int m = 0; m < maxM; m++) {
+        auto r = run(1, m);
+        for (int i = 0; i < n; i++) std::copy(r[i].begin(), r[i].end(), one[i].begin() + static_cast<size_t>(m) * cs.rows[i]);
+      }
+      for (int i = 0; i < n; i++)
+        ASSERT_TRUE(close_rel(one[i], ref[i], 1e-5, what + " weight " + std::to_string(i) + " vs CPU"));
+      for (int M : {2, 3, 8, 9, 16}) {
+        const int off = maxM - M;
+        auto r = run(M, off);
+        for (int i = 0; i < n; i++)
+          ASSERT_EQ(0, std::memcmp(r[i].data(), one[i].data() + static_cast<size_t>(off) * cs.rows[i], r[i].size() * 4))
+              << what << " weight " << i << " M=" << M;
+      }
+    }
+  }
+  cudaStreamDestroy(st);
+  cuda::gemv_scratch_destroy(sc);
+}
+#endif
 
 // ---- small ops -----------------------------------------------------------------------------
 TEST(CudaOps, EmbedExact) {

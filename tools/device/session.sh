@@ -18,8 +18,9 @@
 #   bench27   qflash bench, synthetic Qwen3.8-27B + DFlash2, forced acceptance
 #   benchdemo qflash bench, demo pair, real acceptance (and 16 prompts with QFLASH_CUDA_GRAPHS=0)
 #   sanitize  compute-sanitizer memcheck on CudaOps (if time is left)
+#   bench27s  a short 27B bench (plain + DFlash2 at forced 4 of 7) for A/B under an env switch
 #   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
-#             counters for four gemv_tc_kernel launches
+#             counters for four tensor-core GEMV launches
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
 # the files it brings back. All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
@@ -94,16 +95,22 @@ want benchdemo && QFLASH_CUDA_GRAPHS=0 step benchdemo_nograph 60 plain "$BIN/qfl
 # A/B: the same bench with the CUDA-core GEMV everywhere (plain decode and verify ratios only matter)
 want bench27fma && QFLASH_GEMV=fma step bench27fma 120 plain "$BIN/qflash" bench --device cuda \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json --force-accept 4 --gen 32 --reps 5 --no-mtp
+# A short 27B bench (plain, DFlash2 at forced 4 of 7) for A/B runs under an environment switch
+# set by the caller (QFLASH_GEMV=tc, QFLASH_PDL=1, ...), with TAG naming the run.
+want bench27s && step bench27s 120 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --force-accept 4 --gen 32 --reps 5 --no-mtp --json "$LOG/bench_27b_short.json"
 # Hardware counters for the tensor-core GEMV (one launch per shape class), for the next tuning round
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if want ncu && [[ -n "$NCU" ]]; then
-  step ncu 150 plain "$NCU" --clock-control none --kernel-name regex:gemv_tc_kernel --launch-skip 40 --launch-count 4 \
+  step ncu 150 plain "$NCU" --clock-control none --kernel-name regex:"gemv_(tc|skr)_kernel" --launch-skip 40 --launch-count 4 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
     --section LaunchStats --section SchedulerStats "$BIN/qflash_gemv_bench" --quick --reps 3
 fi
 if want sanitize && command -v compute-sanitizer >/dev/null; then
   step sanitize 90 gtest compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/qflash_tests" \
-    --gtest_filter='CudaOps*:CudaGdn*:CudaAttention*' --gtest_color=no
+    --gtest_filter='CudaOps*:CudaGdn*:CudaAttention*:CudaMatmul.TcSchedules*' --gtest_color=no
 fi
 
 {
@@ -120,7 +127,7 @@ cp "$LOG/summary.txt" "$OUTDIR/summary$SFX.txt"
 for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/$(basename "$j" .json)$SFX.json"; done
 tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
-for f in "$LOG"/bench27.log "$LOG"/benchdemo.log "$LOG"/gemv.log; do
+for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/benchdemo.log "$LOG"/gemv.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done
 echo

@@ -48,6 +48,8 @@ __device__ __forceinline__ void visible_range(const AttnGeom& G, const StepMeta*
 __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __restrict__ q, const float* __restrict__ K,
                                                               const float* __restrict__ V, float* __restrict__ part,
                                                               const AttnGeom G, const StepMeta* meta) {
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x, m = blockIdx.y, z = blockIdx.z;
   const int hd = G.head_dim;
   const int g = h / G.group;
@@ -127,6 +129,8 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
 
 __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* __restrict__ part, float* __restrict__ o,
                                                                 int n_heads, int hd) {
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x, m = blockIdx.y;
   const float* base = part + (static_cast<size_t>(m) * n_heads + h) * kAttnSplits * (hd + 2);
   float gmax = -INFINITY;
@@ -175,9 +179,9 @@ void attention(const float* q, const float* K, const float* V, float* out, int M
   G.scale = p.scale;
   G.causal = p.causal ? 1 : 0;
   G.window = p.window;
-  attn_split_kernel<<<dim3(p.n_heads, M, kAttnSplits), kThreads, 0, st>>>(q, K, V, scratch, G, meta);
+  launch_k(attn_split_kernel, dim3(dim3(p.n_heads, M, kAttnSplits)), dim3(kThreads), 0, st, q, K, V, scratch, G, meta);
   QF_CUDA_LAUNCH_CHECK("attn_split_kernel");
-  attn_combine_kernel<<<dim3(p.n_heads, M), kThreads, 0, st>>>(scratch, out, p.n_heads, p.head_dim);
+  launch_k(attn_combine_kernel, dim3(dim3(p.n_heads, M)), dim3(kThreads), 0, st, scratch, out, p.n_heads, p.head_dim);
   QF_CUDA_LAUNCH_CHECK("attn_combine_kernel");
 }
 

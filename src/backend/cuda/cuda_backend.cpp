@@ -74,12 +74,14 @@ class CudaBackend final : public Backend {
                    QFLASH_CUDA_ARCHS_STR, prop.name, prop.major, prop.minor, cudaGetErrorName(pe),
                    cudaGetErrorString(pe));
     }
+    gemv_scratch_create(gsc_);
   }
 
   ~CudaBackend() override {
     if (st_) cudaStreamSynchronize(st_);
     for (Scratch* s : {&xs_, &attn_, &gdn_, &argmax_, &topk_, &move_})
       if (s->p) cudaFree(s->p);
+    gemv_scratch_destroy(gsc_);
     for (int i = 0; i < 2; i++) {
       if (stage_[i]) cudaFreeHost(stage_[i]);
       if (stage_ev_[i]) cudaEventDestroy(stage_ev_[i]);
@@ -209,7 +211,7 @@ class CudaBackend final : public Backend {
   void matmul(const WeightRef& W, const float* x, float* y, int M) override {
     if (M <= 0) return;
     if ((reinterpret_cast<uintptr_t>(x) & 15) == 0 && W.cols % 4 == 0) {
-      gemv(W, x, static_cast<int>(W.cols), y, M, st_);
+      gemv(W, x, static_cast<int>(W.cols), y, M, st_, &gsc_);
       return;
     }
     // The kernel reads activations as 16-byte vectors: restage x with a padded row stride.
@@ -217,7 +219,7 @@ class CudaBackend final : public Backend {
     float* t = static_cast<float*>(ensure(xs_, static_cast<size_t>(M) * ld * sizeof(float)));
     QF_CUDA_CHECK(cudaMemcpy2DAsync(t, ld * sizeof(float), x, W.cols * sizeof(float), W.cols * sizeof(float), M,
                                     cudaMemcpyDeviceToDevice, st_));
-    gemv(W, t, ld, y, M, st_);
+    gemv(W, t, ld, y, M, st_, &gsc_);
   }
   void matmul_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) override {
     if (M <= 0 || n <= 0) return;
@@ -227,7 +229,7 @@ class CudaBackend final : public Backend {
       for (int i = 0; i < n; i++) matmul(*Ws[i], x, ys[i], M);
       return;
     }
-    gemv_tc_group(Ws, ys, n, x, static_cast<int>(Ws[0]->cols), M, st_);
+    gemv_tc_group(Ws, ys, n, x, static_cast<int>(Ws[0]->cols), M, st_, &gsc_);
   }
   void embed(const WeightRef& E, const int32_t* ids, float* out, int M) override {
     cuda::embed(E, ids, out, M, err_dev_, st_);
@@ -460,6 +462,7 @@ class CudaBackend final : public Backend {
   DevError* err_host_ = nullptr;  // mapped pinned record (nullptr: err_dev_ is device memory)
   DevError* err_dev_ = nullptr;
   Scratch xs_, attn_, gdn_, argmax_, topk_, move_;
+  GemvScratch gsc_;  // stream-K partials and tile counters of the tensor-core GEMV
   void* stage_[2] = {nullptr, nullptr};
   cudaEvent_t stage_ev_[2] = {nullptr, nullptr};
   bool stage_failed_ = false;

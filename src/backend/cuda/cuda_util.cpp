@@ -1,6 +1,8 @@
 #include "backend/cuda/cuda_util.h"
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace qf::cuda {
 
@@ -34,6 +36,14 @@ void backend_fail(const char* fmt, ...) {
 void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
   throw Error(ErrorKind::Backend, fmt_str("%s:%d: %s failed: %s (%s)", file, line, what, cudaGetErrorName(e),
                                           cudaGetErrorString(e)));
+}
+
+bool pdl_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("QFLASH_PDL");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
 }
 
 }  // namespace qf::cuda

@@ -18,6 +18,9 @@ std::string fmt_str(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 [[noreturn]] void cuda_fail(cudaError_t e, const char* what, const char* file, int line);
 
+// QFLASH_PDL=1: kernels are launched with programmatic dependent launch (device_common.cuh).
+bool pdl_enabled();
+
 inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) cuda_fail(e, what, file, line);
 }

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <utility>
 
 #include "backend/cuda/cuda_util.h"
 #include "backend/cuda/kernels.h"
@@ -42,6 +43,42 @@ __device__ __forceinline__ float f16_bits(uint16_t h) { return __half2float(__us
 __device__ __forceinline__ float nib_to_f(uint32_t q) { return __fsub_rn(__uint_as_float(0x4B000000u | q), 8388608.0f); }
 // int4 group-affine dequantisation exactly as the CPU twin: q * scale + bias, two roundings.
 __device__ __forceinline__ float deq4(uint32_t q, float s, float b) { return __fadd_rn(__fmul_rn(nib_to_f(q), s), b); }
+
+// Programmatic dependent launch (Hopper). pdl_trigger(): a kernel lets the next kernel in the
+// stream be scheduled now, if that kernel was launched with the programmatic attribute (only
+// the GEMV is, see gemv_tc.cu); the next kernel still sees none of this kernel's writes until it
+// has called pdl_wait(), which returns when every earlier kernel has completed and flushed. Both
+// are no-ops for a kernel launched the ordinary way.
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Every kernel launch of the backend: the ordinary launch, or with programmatic dependent launch
+// when QFLASH_PDL=1 (pdl_enabled(), cuda_util.h). Every kernel launched here calls pdl_trigger()
+// and then pdl_wait() before it touches memory, so PDL only overlaps a kernel's launch and
+// scheduling with its predecessor's tail; no kernel reads anything before its predecessor has
+// completed.
+template <class... Exp, class... Act>
+void launch_k(void (*kernel)(Exp...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Act&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = st;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...), "cudaLaunchKernelEx", __FILE__, __LINE__);
+}
 
 // Streaming 16-byte weight load: read once, keep out of L1 (the activations live there).
 __device__ __forceinline__ uint4 ld_stream16(const void* p) {

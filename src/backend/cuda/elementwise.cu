@@ -13,6 +13,8 @@ constexpr int kBlock = 256;
 
 __global__ void embed_kernel(WeightView E, const int32_t* __restrict__ ids, float* __restrict__ out, int M,
                              DevError* err) {
+  pdl_trigger();
+  pdl_wait();
   const int m = blockIdx.y;
   const int64_t id = ids[m];
   const bool ok = id >= 0 && id < E.rows;
@@ -54,6 +56,8 @@ __device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
 template <bool WARP_ROWS, bool GATED>
 __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const float* x, const float* gate, const float* __restrict__ w,
                                                          float* y, int rows, int n, float eps) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ float sh[kBlock / 32];
   const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
   if (r >= rows) return;  // uniform per warp (WARP_ROWS) or per block
@@ -79,6 +83,8 @@ template <bool WARP_ROWS>
 __global__ void __launch_bounds__(kBlock) add_rmsnorm_kernel(float* h, const float* __restrict__ res,
                                                              const float* __restrict__ w, float* y, int rows, int n,
                                                              float eps) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ float sh[kBlock / 32];
   const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
   if (r >= rows) return;
@@ -97,9 +103,9 @@ void rmsnorm_launch(const float* x, const float* gate, const float* w, float* y,
                     cudaStream_t st) {
   if (rows <= 0 || n <= 0) return;
   if (n <= 1024) {
-    rmsnorm_kernel<true, GATED><<<(rows + 7) / 8, kBlock, 0, st>>>(x, gate, w, y, rows, n, eps);
+    launch_k(rmsnorm_kernel<true, GATED>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   } else {
-    rmsnorm_kernel<false, GATED><<<rows, kBlock, 0, st>>>(x, gate, w, y, rows, n, eps);
+    launch_k(rmsnorm_kernel<false, GATED>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   }
   QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
 }
@@ -108,6 +114,8 @@ enum class EwOp { Add, Scale, Swiglu, SigmoidMul, Softcap };
 
 template <EwOp OP>
 __global__ void ew_kernel(float* y, const float* a, const float* b, float s, size_t n) {
+  pdl_trigger();
+  pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     if constexpr (OP == EwOp::Add) y[i] = __fadd_rn(y[i], a[i]);
@@ -121,12 +129,14 @@ __global__ void ew_kernel(float* y, const float* a, const float* b, float s, siz
 template <EwOp OP>
 void ew_launch(float* y, const float* a, const float* b, float s, size_t n, cudaStream_t st) {
   if (n == 0) return;
-  ew_kernel<OP><<<grid_for(n, kBlock), kBlock, 0, st>>>(y, a, b, s, n);
+  launch_k(ew_kernel<OP>, dim3(grid_for(n, kBlock)), dim3(kBlock), 0, st, y, a, b, s, n);
   QF_CUDA_LAUNCH_CHECK("ew_kernel");
 }
 
 __global__ void split_qgate_kernel(const float* __restrict__ qg, float* __restrict__ q, float* __restrict__ gate,
                                    size_t total, int hd) {
+  pdl_trigger();
+  pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const size_t mh = i / hd, d = i % hd;
@@ -136,6 +146,8 @@ __global__ void split_qgate_kernel(const float* __restrict__ qg, float* __restri
 }
 
 __global__ void rope_kernel(float* x, int M, int nh, int hd, int half, const RopeFreqs f, const StepMeta* meta) {
+  pdl_trigger();
+  pdl_wait();
   const size_t total = static_cast<size_t>(M) * half;
   const int32_t pos0 = meta->q_pos0;
   for (size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; t < total;
@@ -155,6 +167,8 @@ __global__ void rope_kernel(float* x, int M, int nh, int hd, int half, const Rop
 
 __global__ void kv_write_kernel(float* cache, const float* __restrict__ rows, int M, int width, const StepMeta* meta,
                                 DevError* err) {
+  pdl_trigger();
+  pdl_wait();
   const int64_t row0 = static_cast<int64_t>(meta->q_pos0) - meta->kv_pos0;
   if (row0 < 0) {
     if (blockIdx.x == 0 && threadIdx.x == 0) set_error(err, kErrKvWrite, meta->q_pos0, meta->kv_pos0, 0);
@@ -170,6 +184,8 @@ __global__ void kv_write_kernel(float* cache, const float* __restrict__ rows, in
 __global__ void dyn_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
                                 const float* __restrict__ D, float* __restrict__ out, int L, int H, int Kc, int gs,
                                 int side) {
+  pdl_trigger();
+  pdl_wait();
   const int G = H / gs;
   const size_t total = static_cast<size_t>(L) * H;
   for (size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; t < total;
@@ -202,6 +218,8 @@ __device__ __forceinline__ uint16_t f32_to_bf16_d(float f) {
 
 template <bool BF16>
 __global__ void fill_random_kernel(void* dst, size_t n, uint64_t seed, float scale) {
+  pdl_trigger();
+  pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const float u = __fsub_rn(__fmul_rn(static_cast<float>(splitmix64_d(seed + i) >> 40), 2.0f / 16777216.0f), 1.0f);
@@ -229,9 +247,9 @@ cudaError_t probe_launch(cudaStream_t st) {
 void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale, cudaStream_t st) {
   if (n == 0) return;
   if (dt == DType::BF16)
-    fill_random_kernel<true><<<grid_for(n, kBlock, 132 * 64), kBlock, 0, st>>>(dst, n, seed, scale);
+    launch_k(fill_random_kernel<true>, dim3(grid_for(n, kBlock, 132 * 64)), dim3(kBlock), 0, st, dst, n, seed, scale);
   else if (dt == DType::F32)
-    fill_random_kernel<false><<<grid_for(n, kBlock, 132 * 64), kBlock, 0, st>>>(dst, n, seed, scale);
+    launch_k(fill_random_kernel<false>, dim3(grid_for(n, kBlock, 132 * 64)), dim3(kBlock), 0, st, dst, n, seed, scale);
   else
     backend_fail("cuda fill_random: dtype code %d (only BF16 and F32)", static_cast<int>(dt));
   QF_CUDA_LAUNCH_CHECK("fill_random_kernel");
@@ -242,7 +260,7 @@ void embed(const WeightRef& E, const int32_t* ids, float* out, int M, DevError* 
   check_weight_view(E, "embed");
   if (M > 65535) backend_fail("cuda embed: %d rows in one call", M);
   const unsigned gx = grid_for(static_cast<size_t>(E.cols), kBlock, 64);
-  embed_kernel<<<dim3(gx, M), kBlock, 0, st>>>(view_of(E), ids, out, M, err);
+  launch_k(embed_kernel, dim3(dim3(gx, M)), dim3(kBlock), 0, st, view_of(E), ids, out, M, err);
   QF_CUDA_LAUNCH_CHECK("embed_kernel");
 }
 
@@ -256,9 +274,9 @@ void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, 
 void add_rmsnorm(float* h, const float* r, const float* w, float* y, int rows, int n, float eps, cudaStream_t st) {
   if (rows <= 0 || n <= 0) return;
   if (n <= 1024)
-    add_rmsnorm_kernel<true><<<(rows + 7) / 8, kBlock, 0, st>>>(h, r, w, y, rows, n, eps);
+    launch_k(add_rmsnorm_kernel<true>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, h, r, w, y, rows, n, eps);
   else
-    add_rmsnorm_kernel<false><<<rows, kBlock, 0, st>>>(h, r, w, y, rows, n, eps);
+    launch_k(add_rmsnorm_kernel<false>, dim3(rows), dim3(kBlock), 0, st, h, r, w, y, rows, n, eps);
   QF_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
 }
 void add(float* y, const float* x, size_t n, cudaStream_t st) { ew_launch<EwOp::Add>(y, x, nullptr, 0, n, st); }
@@ -277,7 +295,7 @@ void softcap(float* y, float cap, size_t n, cudaStream_t st) {
 void split_qgate(const float* qg, float* q, float* gate, int M, int n_heads, int head_dim, cudaStream_t st) {
   const size_t total = static_cast<size_t>(M) * n_heads * head_dim;
   if (total == 0) return;
-  split_qgate_kernel<<<grid_for(total, kBlock), kBlock, 0, st>>>(qg, q, gate, total, head_dim);
+  launch_k(split_qgate_kernel, dim3(grid_for(total, kBlock)), dim3(kBlock), 0, st, qg, q, gate, total, head_dim);
   QF_CUDA_LAUNCH_CHECK("split_qgate_kernel");
 }
 
@@ -289,7 +307,7 @@ void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, const RopeFre
     backend_fail("cuda rope: rot_dim %d (head_dim %d) exceeds what the kernel supports (%d)", rot_dim, head_dim,
                  2 * kMaxRopeHalf);
   const size_t total = static_cast<size_t>(M) * half;
-  rope_kernel<<<grid_for(total, 128), 128, 0, st>>>(x, M, n_heads, head_dim, half, f, meta);
+  launch_k(rope_kernel, dim3(grid_for(total, 128)), dim3(128), 0, st, x, M, n_heads, head_dim, half, f, meta);
   QF_CUDA_LAUNCH_CHECK("rope_kernel");
 }
 
@@ -297,7 +315,7 @@ void kv_write(float* cache, const float* rows, int M, int width, const StepMeta*
               cudaStream_t st) {
   const size_t total = static_cast<size_t>(M) * width;
   if (total == 0) return;
-  kv_write_kernel<<<grid_for(total, kBlock), kBlock, 0, st>>>(cache, rows, M, width, meta, err);
+  launch_k(kv_write_kernel, dim3(grid_for(total, kBlock)), dim3(kBlock), 0, st, cache, rows, M, width, meta, err);
   QF_CUDA_LAUNCH_CHECK("kv_write_kernel");
 }
 
@@ -306,7 +324,7 @@ void dyn_conv(const float* x, const float* base, const float* D, float* out, int
   const size_t total = static_cast<size_t>(L) * H;
   if (total == 0) return;
   if (gs <= 0 || H % gs != 0) backend_fail("cuda dyn_conv: group size %d does not divide H %d", gs, H);
-  dyn_conv_kernel<<<grid_for(total, kBlock), kBlock, 0, st>>>(x, base, D, out, L, H, Kc, gs, side);
+  launch_k(dyn_conv_kernel, dim3(grid_for(total, kBlock)), dim3(kBlock), 0, st, x, base, D, out, L, H, Kc, gs, side);
   QF_CUDA_LAUNCH_CHECK("dyn_conv_kernel");
 }
 

@@ -29,6 +29,8 @@ constexpr int kWPB = 4;   // warps per block
 __global__ void gdn_conv_kernel(const float* __restrict__ mixed, const float* __restrict__ conv_w, float* tail,
                                 float* __restrict__ u, float* __restrict__ capture, size_t cap_stride, size_t s_floats,
                                 int C, int K, int M) {
+  pdl_trigger();
+  pdl_wait();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= C) return;
   float win[kConvMax - 1];
@@ -82,6 +84,8 @@ struct RecurArgs {
 
 template <int TPL>
 __global__ void __launch_bounds__(kWPB * 32) gdn_recur_kernel(const RecurArgs a) {
+  pdl_trigger();
+  pdl_wait();
   const int h = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int i0 = (blockIdx.y * kWPB + warp) * kRW;
@@ -204,7 +208,7 @@ void gdn_rows(const float* mixed, const float* alpha, const float* beta_in, cons
                  d.d_k, d.d_v);
   const int C = d.conv_dim();
   const size_t SF = d.state_floats();
-  gdn_conv_kernel<<<(C + 127) / 128, 128, 0, st>>>(mixed, conv_w, state + d.s_floats(), scratch, capture, SF,
+  launch_k(gdn_conv_kernel, dim3((C + 127) / 128), dim3(128), 0, st, mixed, conv_w, state + d.s_floats(), scratch, capture, SF,
                                                    d.s_floats(), C, d.conv_kernel, M);
   QF_CUDA_LAUNCH_CHECK("gdn_conv_kernel");
   RecurArgs a;
@@ -228,10 +232,10 @@ void gdn_rows(const float* mixed, const float* alpha, const float* beta_in, cons
   a.qscale = 1.0f / std::sqrt(static_cast<float>(d.d_k));  // the CPU twin's expression
   const dim3 grid(d.n_v_heads, (d.d_v + kRW * kWPB - 1) / (kRW * kWPB));
   const int tpl = (d.d_k + 31) / 32;
-  if (tpl <= 1) gdn_recur_kernel<1><<<grid, kWPB * 32, 0, st>>>(a);
-  else if (tpl <= 2) gdn_recur_kernel<2><<<grid, kWPB * 32, 0, st>>>(a);
-  else if (tpl <= 4) gdn_recur_kernel<4><<<grid, kWPB * 32, 0, st>>>(a);
-  else gdn_recur_kernel<8><<<grid, kWPB * 32, 0, st>>>(a);
+  if (tpl <= 1) launch_k(gdn_recur_kernel<1>, dim3(grid), dim3(kWPB * 32), 0, st, a);
+  else if (tpl <= 2) launch_k(gdn_recur_kernel<2>, dim3(grid), dim3(kWPB * 32), 0, st, a);
+  else if (tpl <= 4) launch_k(gdn_recur_kernel<4>, dim3(grid), dim3(kWPB * 32), 0, st, a);
+  else launch_k(gdn_recur_kernel<8>, dim3(grid), dim3(kWPB * 32), 0, st, a);
   QF_CUDA_LAUNCH_CHECK("gdn_recur_kernel");
 }
 

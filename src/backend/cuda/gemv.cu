@@ -32,7 +32,8 @@ int gemv_auto_slices(const WeightRef& W) {
   return gemv_slices_for(W.rows, W.cols, cw_of(W.dtype));
 }
 
-bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks, int variant) {
+bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, const GemvScratch* sc,
+          int force_ks, int variant) {
   if (M <= 0 || W.rows <= 0) return true;
   if (!W.data) backend_fail("cuda matmul: weight has no data");
   if (W.rows > INT32_MAX / 2 || W.cols > INT32_MAX / 2)
@@ -41,7 +42,7 @@ bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStr
     backend_fail("cuda matmul: activations must be 16-byte aligned with a row stride multiple of 4 >= cols "
                  "(x %p, ld %d, cols %lld)", static_cast<const void*>(x), x_ld, (long long)W.cols);
   if (variant == 0 && gemv_tc_enabled() && gemv_tc_eligible(W)) {
-    gemv_tc(W, x, x_ld, y, M, st, force_ks);
+    gemv_tc(W, x, x_ld, y, M, st, sc, 0, force_ks);
     return true;
   }
   const int cw = cw_of(W.dtype);

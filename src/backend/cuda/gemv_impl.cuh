@@ -110,6 +110,8 @@ __device__ __forceinline__ float gemv_scalar(const GemvParams& P, int row, int c
 
 template <WK K, int MB, int R, int U, bool VEC>
 __global__ void __launch_bounds__(256) gemv_kernel(const GemvParams P) {
+  pdl_trigger();
+  pdl_wait();
   constexpr int CW = WTraits<K>::CW;
   constexpr int CHUNK = 8 * CW;
   constexpr int NP = CW / 4;
@@ -259,7 +261,7 @@ void gemv_launch(GemvParams P, cudaStream_t st) {
   const int64_t rowsets = (static_cast<int64_t>(P.rows) + 4 * R - 1) / (4 * R);
   const int64_t grid = (rowsets + P.rowsets_per_block - 1) / P.rowsets_per_block;
   const size_t smem = P.ks > 1 ? static_cast<size_t>(nw) * MB * 4 * R * sizeof(float) : 0;
-  gemv_kernel<K, MB, R, U, VEC><<<static_cast<unsigned>(grid), nw * 32, smem, st>>>(P);
+  launch_k(gemv_kernel<K, MB, R, U, VEC>, dim3(static_cast<unsigned>(grid)), dim3(nw * 32), smem, st, P);
   QF_CUDA_LAUNCH_CHECK("gemv_kernel");
 }
 

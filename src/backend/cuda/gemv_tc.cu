@@ -21,6 +21,9 @@
 // and logical k-pair t + 4 <- columns 16t + 4s + {2,3}. The B fragment for token g uses the same
 // mapping, so the permutation cancels in the dot product.
 #include <cmath>
+#include <cstdlib>
+#include <cstdio>
+#include <cstring>
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -32,6 +35,7 @@ namespace {
 constexpr int kTcWarps = 8;  // warps per block
 
 constexpr int kTcMaxSeg = 4;  // weights sharing one launch (same x, same cols)
+constexpr int kSkSlotFloats = 2 * 2 * 4 * 32;  // one piece of one 32-row tile, up to 16 tokens
 
 struct TcParams {
   // Segment i: weight w[i] [rows[i], cols] -> y[i] [M, rows[i]]; its 32-row tiles are the global
@@ -80,7 +84,8 @@ __device__ __forceinline__ uint32_t word_of(const uint4& a, const uint4& b, int 
   return w == 0 ? a.x : w == 1 ? a.y : w == 2 ? a.z : w == 3 ? a.w : w == 4 ? b.x : w == 5 ? b.y : w == 6 ? b.z : b.w;
 }
 
-__device__ __forceinline__ int seg_of(const TcParams& P, int tile) {
+template <class Params>
+__device__ __forceinline__ int seg_of(const Params& P, int tile) {
   int s = 0;
 #pragma unroll
   for (int i = 1; i < kTcMaxSeg; i++)
@@ -90,6 +95,8 @@ __device__ __forceinline__ int seg_of(const TcParams& P, int tile) {
 
 template <int NT>
 __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P) {
+  pdl_trigger();
+  pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int slice = warp % P.ks, rl = warp / P.ks;
@@ -234,6 +241,260 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P
   }
 }
 
+// ---- stream-K schedule ----------------------------------------------------------------------
+// The work is the list of (tile, chunk) items in tile-major order, N = tiles * nchunks, split into
+// W equal contiguous ranges, one per warp: warp w takes items [floor(w N / W), floor((w+1) N / W)).
+// Every warp streams the same number of bytes (+-1 chunk) whatever the shape, so no SM waits on a
+// last partial wave. W depends on the shape and the device only (never on M), so the pieces a tile
+// is cut into, and with them the reduction order, are the same for every M: row-invariant.
+//
+// The loads and the arithmetic are the column-slice kernel's (gemv_skr_kernel below). A cp.async
+// shared-memory pipeline (3-6 stages per warp) was tried and streamed at half the speed; see
+// docs/experiments/cuda_kernels.md.
+//
+// A tile that one warp covers completely is written to y directly. A tile cut into pieces: each
+// piece's sum goes to a scratch slot (slot 0 = the warp's first tile, 1 = its last), then a fence
+// and a per-tile counter; the warp that arrives last adds the pieces in piece order (a fixed
+// order, whoever arrives last), writes y and resets the counter for the next launch.
+struct SkParams {
+  const uint16_t* w[kTcMaxSeg];
+  float* y[kTcMaxSeg];
+  int rows[kTcMaxSeg];
+  int tile0[kTcMaxSeg + 1];
+  int nseg;
+  const float* x;
+  int cols, x_ld, M, nch;
+  long long N;  // items
+  int W;        // warps sharing the items
+  float* part;  // [W][2][kSkSlotFloats]
+  int* cnt;     // [tiles], zero between launches
+};
+
+__device__ __forceinline__ int sk_warp_of(long long i, long long N, int W) {
+  return static_cast<int>(((i + 1) * W + N - 1) / N - 1);
+}
+
+template <int NT>
+__device__ __forceinline__ void sk_write_y(const SkParams& P, int tile, int g, int t, const float (&v)[2][NT][4]) {
+  const int seg = seg_of(P, tile);
+  const int rows_s = P.rows[seg];
+  const int row0 = (tile - P.tile0[seg]) * 32;
+  float* Y = P.y[seg];
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = row0 + 16 * a + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
+        if (r < rows_s && m < P.M) Y[static_cast<size_t>(m) * rows_s + r] = v[a][j][e];
+      }
+}
+
+// End of a tile's piece (chunks cs..cc of tile ct): written directly when the piece is the whole
+// tile, else through the scratch slot and the tile's arrival counter (the last piece adds all).
+template <int NT>
+__device__ __forceinline__ void sk_flush(const SkParams& P, int ct, int cs, int cc, int first_tile, int gw, int g,
+                                         int t, int lane, const float (&acc)[2][NT][4]) {
+  const int nch = P.nch;
+  if (cs == 0 && cc == nch - 1) {
+    sk_write_y<NT>(P, ct, g, t, acc);
+  } else {
+    float* slot = P.part + (static_cast<size_t>(gw) * 2 + (ct == first_tile ? 0 : 1)) * kSkSlotFloats;
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) slot[((a * NT + j) * 4 + e) * 32 + lane] = acc[a][j][e];
+    __threadfence();
+    __syncwarp();
+    int old = 0;
+    if (lane == 0) old = atomicAdd(P.cnt + ct, 1);
+    old = __shfl_sync(kFull, old, 0);
+    const long long tb = static_cast<long long>(ct) * nch;
+    const int wlo = sk_warp_of(tb, P.N, P.W), whi = sk_warp_of(tb + nch - 1, P.N, P.W);
+    if (old == whi - wlo) {  // last piece in: add the pieces in piece order
+      __threadfence();
+      float sum[2][NT][4];
+#pragma unroll
+      for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) sum[a][j][e] = 0.0f;
+      for (int w = wlo; w <= whi; w++) {
+        const int ft = static_cast<int>(static_cast<long long>(w) * P.N / P.W / nch);
+        const float* sl = P.part + (static_cast<size_t>(w) * 2 + (ct == ft ? 0 : 1)) * kSkSlotFloats;
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+          for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+              sum[a][j][e] = __fadd_rn(sum[a][j][e], __ldcg(sl + ((a * NT + j) * 4 + e) * 32 + lane));
+      }
+      sk_write_y<NT>(P, ct, g, t, sum);
+      if (lane == 0) P.cnt[ct] = 0;
+    }
+  }
+}
+
+// The stream-K split with the column-slice kernel's load path: weights straight into registers
+// (ld.global.nc, L2 256-byte prefetch), the next chunk in flight while this one is multiplied,
+// activations read per chunk. 8 warps per block. Same pieces, same flush as gemv_sk_kernel.
+constexpr int kSkrWarps = 8;
+template <int NT>
+__global__ void __launch_bounds__(kSkrWarps * 32, NT == 1 ? 2 : 1) gemv_skr_kernel(const SkParams P) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int gw = blockIdx.x * kSkrWarps + warp;
+  if (gw >= P.W) return;
+  const int nch = P.nch;
+  const long long i0 = static_cast<long long>(gw) * P.N / P.W, i1 = static_cast<long long>(gw + 1) * P.N / P.W;
+  bool xv[NT];
+  const float* xp[NT];
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    xv[j] = j * 8 + g < P.M;
+    xp[j] = P.x + static_cast<size_t>(xv[j] ? j * 8 + g : 0) * P.x_ld + 16 * t;
+  }
+  long long ip = i0;
+  int pt = static_cast<int>(i0 / nch), pc = static_cast<int>(i0 - static_cast<long long>(pt) * nch);
+  const char* pw[4];
+  bool pv[4];
+  auto set_rows = [&](int tile) {
+    const int seg = seg_of(P, tile);
+    const int nrows = P.rows[seg];
+    const int row0 = (tile - P.tile0[seg]) * 32;
+    const char* base = reinterpret_cast<const char*>(P.w[seg]) + 32 * t;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int r = row0 + 16 * (i >> 1) + g + 8 * (i & 1);
+      pv[i] = r < nrows;
+      pw[i] = base + static_cast<size_t>(pv[i] ? r : 0) * P.cols * 2;
+    }
+  };
+  set_rows(pt);
+  const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
+  auto load_w = [&](uint4 (&dst)[8]) {
+    const size_t wo = static_cast<size_t>(pc) * 128;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      dst[2 * i] = pv[i] ? ld_stream16(pw[i] + wo) : z4;
+      dst[2 * i + 1] = pv[i] ? ld_stream16(pw[i] + wo + 16) : z4;
+    }
+    ip++;
+    if (++pc == nch) {
+      pc = 0;
+      pt++;
+      if (ip < i1) set_rows(pt);
+    }
+  };
+  uint4 wcur[8], wnxt[8];
+  if (ip < i1) load_w(wcur);  // weights never depend on an earlier kernel
+  pdl_wait();
+  pdl_trigger();
+
+  float acc[2][NT][4];
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[a][j][e] = 0.0f;
+  int ct = static_cast<int>(i0 / nch), cc = static_cast<int>(i0 - static_cast<long long>(ct) * nch), cs = cc;
+  const int first_tile = ct;
+  for (long long i = i0; i < i1; i++) {
+    if (ip < i1) load_w(wnxt);
+    float4 xs[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int q = 0; q < 4; q++)
+        xs[j][q] = xv[j] ? __ldg(reinterpret_cast<const float4*>(xp[j] + cc * 64 + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float cacc[2][NT][4];
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) cacc[a][j][e] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < 4; s++) {
+      uint32_t b0[NT][3], b1[NT][3];
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        split_pair(xs[j][s].x, xs[j][s].y, b0[j]);
+        split_pair(xs[j][s].z, xs[j][s].w, b1[j]);
+      }
+#pragma unroll
+      for (int a = 0; a < 2; a++) {
+        const uint32_t a0 = word_of(wcur[4 * a], wcur[4 * a + 1], 2 * s);
+        const uint32_t a1 = word_of(wcur[4 * a + 2], wcur[4 * a + 3], 2 * s);
+        const uint32_t a2 = word_of(wcur[4 * a], wcur[4 * a + 1], 2 * s + 1);
+        const uint32_t a3 = word_of(wcur[4 * a + 2], wcur[4 * a + 3], 2 * s + 1);
+#pragma unroll
+        for (int j = 0; j < NT; j++) {
+          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][2], b1[j][2]);
+          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][1], b1[j][1]);
+          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][0], b1[j][0]);
+        }
+      }
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++)
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[a][j][e] = __fadd_rn(acc[a][j][e], cacc[a][j][e]);
+    if (cc == nch - 1 || i == i1 - 1) {
+      sk_flush<NT>(P, ct, cs, cc, first_tile, gw, g, t, lane, acc);
+#pragma unroll
+      for (int a = 0; a < 2; a++)
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[a][j][e] = 0.0f;
+    }
+    if (++cc == nch) {
+      cc = 0;
+      cs = 0;
+      ct++;
+    }
+#pragma unroll
+    for (int v = 0; v < 8; v++) wcur[v] = wnxt[v];
+  }
+}
+
+// Schedules: 1 = column slices (the default), 2 = stream-K (gemv_skr_kernel), 3 = hybrid (stream-K
+// where the slice grid is ragged and the stream-K ranges are long, slices elsewhere: shape-only).
+constexpr int kSlicesSched = 1, kSkrSched = 2, kHybSched = 3;
+constexpr int kDefaultSched = kSlicesSched;
+
+template <int NT>
+void skr_launch(const SkParams& P, cudaStream_t st) {
+  launch_k(gemv_skr_kernel<NT>, dim3(static_cast<unsigned>((P.W + kSkrWarps - 1) / kSkrWarps)), dim3(kSkrWarps * 32), 0,
+           st, P);
+}
+
+// The automatic schedule: QFLASH_GEMV=tc forces column slices; QFLASH_TC_SCHED=slices|skr|hyb
+// picks one for A/B runs. Returns a sched index >= 1.
+int auto_sched() {
+  static const int m = [] {
+    const char* e = std::getenv("QFLASH_GEMV");
+    if (e && std::strcmp(e, "tc") == 0) return kSlicesSched;
+    const char* n = std::getenv("QFLASH_TC_SCHED");
+    if (n && *n) {
+      for (int v = 1; v < gemv_tc_sched_count(); v++)
+        if (std::strcmp(n, gemv_tc_sched_name(v)) == 0) return v;
+      std::fprintf(stderr, "qflash: warning: QFLASH_TC_SCHED=%s is not a schedule (slices, skr, hyb); using the default\n", n);
+    }
+    return kDefaultSched;
+  }();
+  return m;
+}
+
 }  // namespace
 
 bool gemv_tc_eligible(const WeightRef& W) {
@@ -263,20 +524,115 @@ int gemv_tc_slices(int64_t tiles, int64_t cols) {
   return best;
 }
 
+void gemv_scratch_create(GemvScratch& s) {
+  gemv_scratch_destroy(s);
+  int dev = 0, sms = 0;
+  QF_CUDA_CHECK(cudaGetDevice(&dev));
+  QF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  int nb = 0;
+  QF_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemv_skr_kernel<1>, kSkrWarps * 32, 0));
+  const int maxw = (nb > 0 ? nb : 1) * kSkrWarps * sms;
+  s.warps = maxw;
+  s.max_warps = maxw;
+  s.max_tiles = 1 << 17;
+  const size_t pb = static_cast<size_t>(maxw) * 2 * kSkSlotFloats * sizeof(float);
+  const size_t cb = static_cast<size_t>(s.max_tiles) * sizeof(int);
+  void* p = nullptr;
+  void* c = nullptr;
+  if (cudaMalloc(&p, pb) != cudaSuccess || cudaMalloc(&c, cb) != cudaSuccess) {
+    cudaGetLastError();
+    if (p) cudaFree(p);
+    backend_fail("cuda matmul: cannot allocate the GEMV scratch (%.1f MB)", (pb + cb) / 1e6);
+  }
+  s.part = static_cast<float*>(p);
+  s.cnt = static_cast<int*>(c);
+  QF_CUDA_CHECK(cudaMemset(s.cnt, 0, cb));
+  QF_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void gemv_scratch_destroy(GemvScratch& s) noexcept {
+  if (s.part) cudaFree(s.part);
+  if (s.cnt) cudaFree(s.cnt);
+  s = GemvScratch{};
+}
+
+int gemv_tc_sched_count() { return 4; }
+const char* gemv_tc_sched_name(int v) {
+  static const char* const names[] = {"auto", "slices", "skr", "hyb"};
+  return v >= 0 && v < 4 ? names[v] : "?";
+}
+
+// A stream-K warp gets at least this many chunks (a shorter range is mostly pipeline fill).
+constexpr long long kSkMinItems = 8;
+
 void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
-                   cudaStream_t st, int force_ks) {
+                   cudaStream_t st, const GemvScratch* sc, int sched, int force_ks) {
   if (n < 1 || n > kTcMaxSeg) backend_fail("cuda matmul (tc): %d weights in one group (1..%d)", n, kTcMaxSeg);
+  if (sched < 0 || sched >= gemv_tc_sched_count()) backend_fail("cuda matmul (tc): no schedule %d", sched);
+  int64_t tiles = 0;
+  for (int i = 0; i < n; i++) {
+    if (Ws[i]->cols != Ws[0]->cols) backend_fail("cuda matmul (tc): grouped weights differ in cols");
+    tiles += (Ws[i]->rows + 31) / 32;
+  }
+  int mode = sched;
+  if (mode == 0) mode = sc && sc->part && tiles <= sc->max_tiles ? auto_sched() : 1;
+  if (mode == kHybSched) {
+    // Shape-only choice: the register stream-K kernel where the column-slice grid fills its last
+    // wave of blocks badly (< 90%) and every stream-K warp still gets a long range (>= 16
+    // chunks, so its pipeline start is amortised); column slices everywhere else.
+    const long long items = tiles * (Ws[0]->cols / 64);
+    const int ks = gemv_tc_slices(tiles, Ws[0]->cols);
+    const double waves = std::ceil(static_cast<double>(tiles) * ks / kTcWarps) / kTcConcurrentBlocks;
+    const bool ragged = waves / std::ceil(waves) < 0.9;
+    mode = sc && sc->part && tiles <= sc->max_tiles && ragged && items >= 16LL * sc->warps ? kSkrSched : kSlicesSched;
+  }
+  if (mode >= 2 && (!sc || !sc->part || tiles > sc->max_tiles))
+    backend_fail("cuda matmul (tc): stream-K schedule without a scratch for %lld tiles", (long long)tiles);
+
+  if (mode == kSkrSched) {
+    SkParams P{};
+    P.nseg = n;
+    P.cols = static_cast<int>(Ws[0]->cols);
+    P.x_ld = x_ld;
+    int64_t t0 = 0;
+    for (int i = 0; i < n; i++) {
+      P.w[i] = static_cast<const uint16_t*>(Ws[i]->data);
+      P.rows[i] = static_cast<int>(Ws[i]->rows);
+      P.tile0[i] = static_cast<int>(t0);
+      t0 += (Ws[i]->rows + 31) / 32;
+    }
+    P.tile0[n] = static_cast<int>(tiles);
+    P.nch = P.cols / 64;
+    P.N = static_cast<long long>(tiles) * P.nch;
+    long long W = P.N / kSkMinItems;
+    if (W < 1) W = 1;
+    if (W > sc->warps) W = sc->warps;
+    P.W = static_cast<int>(W);
+    P.part = sc->part;
+    P.cnt = sc->cnt;
+    for (int g0 = 0; g0 < M; g0 += 16) {
+      const int mg = M - g0 < 16 ? M - g0 : 16;
+      P.M = mg;
+      P.x = x + static_cast<size_t>(g0) * x_ld;
+      for (int i = 0; i < n; i++) P.y[i] = ys[i] + static_cast<size_t>(g0) * Ws[i]->rows;
+      if (mg <= 8)
+        skr_launch<1>(P, st);
+      else
+        skr_launch<2>(P, st);
+      QF_CUDA_LAUNCH_CHECK("gemv_skr_kernel");
+    }
+    return;
+  }
+
   TcParams P{};
   P.nseg = n;
   P.cols = static_cast<int>(Ws[0]->cols);
   P.x_ld = x_ld;
-  int64_t tiles = 0;
-  for (int i = 0; i < n; i++) {
-    if (Ws[i]->cols != Ws[0]->cols) backend_fail("cuda matmul (tc): grouped weights differ in cols");
+  for (int i = 0, t0 = 0; i < n; i++) {
     P.w[i] = static_cast<const uint16_t*>(Ws[i]->data);
     P.rows[i] = static_cast<int>(Ws[i]->rows);
-    P.tile0[i] = static_cast<int>(tiles);
-    tiles += (Ws[i]->rows + 31) / 32;
+    P.tile0[i] = t0;
+    t0 += static_cast<int>((Ws[i]->rows + 31) / 32);
   }
   P.tile0[n] = static_cast<int>(tiles);
   P.ks = force_ks > 0 ? force_ks : gemv_tc_slices(tiles, P.cols);
@@ -292,19 +648,20 @@ void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const fl
     for (int i = 0; i < n; i++) P.y[i] = ys[i] + static_cast<size_t>(g0) * Ws[i]->rows;
     if (mg <= 8) {
       const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 1 * 4 * 32 * sizeof(float) : 0;
-      gemv_tc_kernel<1><<<grid, kTcWarps * 32, smem, st>>>(P);
+      launch_k(gemv_tc_kernel<1>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
     } else {
       const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 2 * 4 * 32 * sizeof(float) : 0;
-      gemv_tc_kernel<2><<<grid, kTcWarps * 32, smem, st>>>(P);
+      launch_k(gemv_tc_kernel<2>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
     }
     QF_CUDA_LAUNCH_CHECK("gemv_tc_kernel");
   }
 }
 
-void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks) {
+void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, const GemvScratch* sc,
+             int sched, int force_ks) {
   const WeightRef* ws[1] = {&W};
   float* ys[1] = {y};
-  gemv_tc_group(ws, ys, 1, x, x_ld, M, st, force_ks);
+  gemv_tc_group(ws, ys, 1, x, x_ld, M, st, sc, sched, force_ks);
 }
 
 }  // namespace qf::cuda

@@ -27,17 +27,35 @@ const char* dev_error_text(int code);
 // `force_ks` (0 = automatic) and `variant` (0 = default) exist for the bench only: the
 // automatic column split depends on the matrix shape alone, never on M. Returns false (nothing
 // launched) only for a bench variant that does not exist at that M.
-bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks = 0,
-          int variant = 0);
+// Stream-K scratch of the tensor-core GEMV (gemv_tc.cu): per-piece partial sums and per-tile
+// arrival counters (zero between launches). One per stream that runs GEMVs: the backend owns one.
+struct GemvScratch {
+  float* part = nullptr;
+  int* cnt = nullptr;
+  int max_warps = 0, max_tiles = 0;
+  int warps = 0;  // resident warps of the stream-K kernel on this device (the split's W cap)
+};
+void gemv_scratch_create(GemvScratch& s);  // on the current device; throws qf::Error on failure
+void gemv_scratch_destroy(GemvScratch& s) noexcept;
+
+// `sc` (may be null) enables the stream-K schedule of the tensor-core path.
+bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st,
+          const GemvScratch* sc = nullptr, int force_ks = 0, int variant = 0);
 // Tensor-core path (gemv_tc.cu): bf16 weights with cols % 64 == 0 take it for every M (decode
 // included), unless QFLASH_GEMV=fma selects the CUDA-core kernel for the whole process.
+// Schedules (`sched`): 0 = automatic (column slices; QFLASH_TC_SCHED=skr|hyb or QFLASH_GEMV=tc
+// override it for the process), 1 = column slices, 2 = stream-K, 3 = hybrid (stream-K for
+// shapes whose slice grid is ragged, needs `sc`). The bench and the tests run each.
 bool gemv_tc_eligible(const WeightRef& W);
 int gemv_tc_slices(int64_t tiles, int64_t cols);  // tiles: 32-row tiles of the (grouped) weights
-void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int force_ks = 0);
-// Up to 4 tc-eligible weights with the same cols reading the same x, in one launch; the column
-// split is chosen from the group's total rows and cols (shape-only).
+void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st,
+             const GemvScratch* sc = nullptr, int sched = 0, int force_ks = 0);
+// Up to 4 tc-eligible weights with the same cols reading the same x, in one launch; the split
+// is chosen from the group's total rows and cols (shape-only).
 void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
-                   cudaStream_t st, int force_ks = 0);
+                   cudaStream_t st, const GemvScratch* sc = nullptr, int sched = 0, int force_ks = 0);
+int gemv_tc_sched_count();
+const char* gemv_tc_sched_name(int sched);
 bool gemv_tc_enabled();
 // Column slices the automatic plan uses for this matrix (shape-only).
 int gemv_auto_slices(const WeightRef& W);

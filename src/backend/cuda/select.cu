@@ -41,6 +41,8 @@ __device__ __forceinline__ void warp_best(float& v, int& i) {
 
 __global__ void __launch_bounds__(kArgThreads) argmax_partial_kernel(const float* __restrict__ x, int n,
                                                                      VI* __restrict__ part) {
+  pdl_trigger();
+  pdl_wait();
   const int m = blockIdx.y, nb = gridDim.x;
   const float* r = x + static_cast<size_t>(m) * n;
   float bv = -INFINITY;
@@ -70,6 +72,8 @@ __global__ void __launch_bounds__(kArgThreads) argmax_partial_kernel(const float
 
 __global__ void argmax_final_kernel(const VI* __restrict__ part, int nb, const float* __restrict__ x, int n,
                                     int32_t* out) {
+  pdl_trigger();
+  pdl_wait();
   const int m = blockIdx.x;
   float bv = -INFINITY;
   int bi = INT_MAX;
@@ -101,6 +105,8 @@ __global__ void __launch_bounds__(kSortThreads) topk_pass_kernel(const float* __
                                                                  const int32_t* __restrict__ in_i, int n_in,
                                                                  size_t in_ld, int k, float* __restrict__ out_v,
                                                                  int32_t* __restrict__ out_i, size_t out_ld) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ float sv[kSeg];
   __shared__ int si[kSeg];
   const int m = blockIdx.y, seg = blockIdx.x;
@@ -159,6 +165,8 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const float* _
                                                                   const int32_t* __restrict__ in_i, int n_in,
                                                                   size_t in_ld, int k, float* __restrict__ out_v,
                                                                   int32_t* __restrict__ out_i, size_t out_ld) {
+  pdl_trigger();
+  pdl_wait();
   __shared__ float wv[kSelThreads / 32];
   __shared__ int wi[kSelThreads / 32];
   __shared__ int win;
@@ -226,6 +234,8 @@ __global__ void __launch_bounds__(kWalkThreads) selector_walk_kernel(const float
                                                                      WeightView Esuc, const int32_t* anchor, int k,
                                                                      int K, int R, int32_t* drafts, float* scores,
                                                                      DevError* err) {
+  pdl_trigger();
+  pdl_wait();
   extern __shared__ float sm[];
   float* gp = sm;      // [R]
   float* sc = sm + R;  // [K]
@@ -277,9 +287,9 @@ void argmax_rows(const float* x, int M, int n, int32_t* out, void* scratch, cuda
   if (M > 65535) backend_fail("cuda argmax_rows: %d rows in one call", M);
   const int nb = argmax_blocks(n);
   VI* part = static_cast<VI*>(scratch);
-  argmax_partial_kernel<<<dim3(nb, M), kArgThreads, 0, st>>>(x, n, part);
+  launch_k(argmax_partial_kernel, dim3(dim3(nb, M)), dim3(kArgThreads), 0, st, x, n, part);
   QF_CUDA_LAUNCH_CHECK("argmax_partial_kernel");
-  argmax_final_kernel<<<M, 32, 0, st>>>(part, nb, x, n, out);
+  launch_k(argmax_final_kernel, dim3(M), dim3(32), 0, st, part, nb, x, n, out);
   QF_CUDA_LAUNCH_CHECK("argmax_final_kernel");
 }
 
@@ -311,10 +321,10 @@ void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, v
   int n_cur = n, which = 0;
   auto pass = [&](int nseg, float* ov, int32_t* oi, size_t out_ld) {
     if (sel) {
-      topk_select_kernel<<<dim3(nseg, M), kSelThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, ov, oi, out_ld);
+      launch_k(topk_select_kernel, dim3(dim3(nseg, M)), dim3(kSelThreads), 0, st, in_v, in_i, n_cur, in_ld, k, ov, oi, out_ld);
       QF_CUDA_LAUNCH_CHECK("topk_select_kernel");
     } else {
-      topk_pass_kernel<<<dim3(nseg, M), kSortThreads, 0, st>>>(in_v, in_i, n_cur, in_ld, k, ov, oi, out_ld);
+      launch_k(topk_pass_kernel, dim3(dim3(nseg, M)), dim3(kSortThreads), 0, st, in_v, in_i, n_cur, in_ld, k, ov, oi, out_ld);
       QF_CUDA_LAUNCH_CHECK("topk_pass_kernel");
     }
   };
@@ -344,7 +354,7 @@ void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float*
   const size_t smem = static_cast<size_t>(R + K) * sizeof(float);
   // 48 KB is the default limit for static (pred_s) + dynamic shared memory together.
   if (smem + 64 > 48 * 1024) backend_fail("cuda selector_walk: rank %d + top-k %d too large", R, K);
-  selector_walk_kernel<<<1, kWalkThreads, smem, st>>>(cand_vals, cand_ids, P, view_of(Epre), view_of(Esuc), anchor, k,
+  launch_k(selector_walk_kernel, dim3(1), dim3(kWalkThreads), smem, st, cand_vals, cand_ids, P, view_of(Epre), view_of(Esuc), anchor, k,
                                                       K, R, drafts, scores, err);
   QF_CUDA_LAUNCH_CHECK("selector_walk_kernel");
 }
