@@ -1,7 +1,9 @@
 // qflash_gemv_bench: bandwidth of the CUDA backend's multi-row GEMV against the device's copy
 // ceiling (and cuBLAS), plus the per-layer costs of attention and the GDN recurrence.
 // Not a test: run it on the H200 (tools/device/gpu_check.sh does). Usage:
-//   qflash_gemv_bench [--quick] [--no-cublas] [--reps N]
+//   qflash_gemv_bench [--quick | --sweep] [--no-cublas] [--reps N]
+// --sweep: fixed cost per launch and streaming rate of back-to-back M = 1 calls over a range of
+// sizes, against a plain streaming read.
 // Weights are rotated over several buffers whose total exceeds the L2 several times, so the
 // numbers are HBM numbers; times are medians of CUDA-event-timed launches after warm-up.
 #include <cublas_v2.h>
@@ -57,6 +59,29 @@ double median_us(F&& fn) {
   for (auto& e : ev) cudaEventDestroy(e);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// Back-to-back: mean microseconds per call over `n` calls between one event pair (how launches
+// follow each other inside a model step), after 3 warm-ups.
+template <class F>
+double b2b_us(F&& fn, int n = 24) {
+  for (int i = 0; i < 3; i++) fn(i);
+  cudaEvent_t a, b;
+  QF_CUDA_CHECK(cudaEventCreate(&a));
+  QF_CUDA_CHECK(cudaEventCreate(&b));
+  double best = 1e30;
+  for (int rep = 0; rep < 3; rep++) {
+    QF_CUDA_CHECK(cudaEventRecord(a, g_st));
+    for (int i = 0; i < n; i++) fn(i);
+    QF_CUDA_CHECK(cudaEventRecord(b, g_st));
+    QF_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    QF_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    best = std::min(best, ms * 1e3 / n);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return best;
 }
 
 // Read-only streaming: the ceiling for a kernel that only reads (a GEMV reads its weights).
@@ -152,13 +177,14 @@ void free_mat(Mat& m) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, use_cublas = true;
+  bool quick = false, use_cublas = true, sweep = false;
   for (int i = 1; i < argc; i++) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     else if (!std::strcmp(argv[i], "--no-cublas")) use_cublas = false;
+    else if (!std::strcmp(argv[i], "--sweep")) sweep = true;
     else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::max(5, std::atoi(argv[++i]));
     else {
-      std::fprintf(stderr, "usage: %s [--quick] [--no-cublas] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--quick | --sweep] [--no-cublas] [--reps N]\n", argv[0]);
       return 2;
     }
   }
@@ -178,6 +204,86 @@ int main(int argc, char** argv) {
     const Ceil ce = ceilings();
     std::printf("ceilings: device-to-device copy %.0f GB/s (read+write), streaming read %.0f GB/s\n\n", ce.copy_gbs,
                 ce.read_gbs);
+
+    if (sweep) {
+      // Fixed cost per launch: back-to-back calls (rotating buffers, several times the L2) of a
+      // plain streaming read and of the M = 1 GEMV under each schedule, over a range of sizes;
+      // a least-squares line t = a + bytes / b per column gives the fixed cost a and the rate b.
+      int sms = 0;
+      QF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      unsigned* sink = static_cast<unsigned*>(dmalloc(4));
+      float* x = static_cast<float*>(dmalloc(size_t(16) * 32768 * 4));
+      float* y = static_cast<float*>(dmalloc(size_t(16) * 262144 * 4));
+      fill_random(x, size_t(16) * 32768, DType::F32, 99, 1.0f, g_st);
+      struct Sz {
+        int64_t rows, cols;
+      };
+      const std::vector<Sz> sizes = {{1024, 5120},  {2048, 5120},  {4096, 5120},  {5120, 6144},  {8192, 5120},
+                                     {5120, 17408}, {16384, 5120}, {17408, 5120}, {34816, 5120}, {65536, 5120},
+                                     {131072, 5120}};
+      const int nsched = gemv_tc_sched_count();
+      std::printf("%-14s %8s %9s %9s", "sweep rows x cols", "MB", "read_us", "read_GB/s");
+      for (int v = 1; v < nsched; v++) std::printf(" %8s_us %6s", gemv_tc_sched_name(v), "GB/s");
+      for (const char* n : {"t-sli", "t-skr"}) std::printf(" %8s_us %6s", n, "GB/s");
+      std::printf("\n");
+      std::vector<double> xs, tr;
+      std::vector<std::vector<double>> tg(nsched + 2);
+      for (const Sz& z : sizes) {
+        Mat m = make_mat(DType::BF16, z.rows, z.cols);
+        const int nb = static_cast<int>(m.w.size());
+        const double r = b2b_us([&](int i) {
+          read_kernel<<<sms * 8, 512, 0, g_st>>>(static_cast<const uint4*>(m.w[i % nb].data), m.bytes / 16, sink);
+        });
+        std::printf("%6lldx%-7lld %8.1f %9.2f %9.0f", (long long)z.rows, (long long)z.cols, m.bytes / 1e6, r,
+                    m.bytes / (r * 1e-6) / 1e9);
+        xs.push_back(static_cast<double>(m.bytes));
+        tr.push_back(r);
+        for (int v = 1; v < nsched; v++) {
+          const double t = b2b_us([&](int i) { gemv_tc(m.w[i % nb], x, static_cast<int>(z.cols), y, 1, g_st, &g_sc, v); });
+          tg[v].push_back(t);
+          std::printf(" %11.2f %6.0f", t, m.bytes / (t * 1e-6) / 1e9);
+        }
+        // the same weights in the tensor-core kernel's tiled layout (WeightRef::kTc32x64)
+        std::vector<WeightRef> tw(m.w);
+        std::vector<void*> tbufs;
+        for (WeightRef& w : tw) {
+          void* p = dmalloc(gemv_tc_tiled_bytes(w.rows, w.cols));
+          gemv_tc_relayout(w.data, p, w.rows, w.cols, g_st);
+          w.data = p;
+          w.layout = WeightRef::kTc32x64;
+          tbufs.push_back(p);
+        }
+        for (int k = 0; k < 2; k++) {  // tiled: slices, skr
+          const double t = b2b_us([&](int i) { gemv_tc(tw[i % nb], x, static_cast<int>(z.cols), y, 1, g_st, &g_sc, 1 + k); });
+          tg[nsched + k].push_back(t);
+          std::printf(" %11.2f %6.0f", t, m.bytes / (t * 1e-6) / 1e9);
+        }
+        for (void* p : tbufs) cudaFree(p);
+        std::printf("\n");
+        free_mat(m);
+      }
+      auto fit = [&](const std::vector<double>& t, const char* name) {
+        const double n = static_cast<double>(t.size());
+        double sx = 0, sy = 0, sxx = 0, sxy = 0;
+        for (size_t i = 0; i < t.size(); i++) {
+          sx += xs[i];
+          sy += t[i];
+          sxx += xs[i] * xs[i];
+          sxy += xs[i] * t[i];
+        }
+        const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx), icpt = (sy - slope * sx) / n;
+        std::printf("fit %-16s fixed %.2f us per launch, rate %.0f GB/s\n", name, icpt, 1e-3 / slope);
+      };
+      fit(tr, "read");
+      for (int v = 1; v < nsched; v++) fit(tg[v], gemv_tc_sched_name(v));
+      fit(tg[nsched], "tiled slices");
+      fit(tg[nsched + 1], "tiled skr");
+      cudaFree(sink);
+      cudaFree(x);
+      cudaFree(y);
+      QF_CUDA_CHECK(cudaStreamSynchronize(g_st));
+      return 0;
+    }
 
     cublasHandle_t cb = nullptr;
     if (use_cublas) {
@@ -342,6 +448,25 @@ int main(int argc, char** argv) {
         }
         for (void* ptr : {(void*)K, (void*)V, (void*)q, (void*)o, (void*)scr, (void*)meta}) cudaFree(ptr);
       }
+    }
+    {
+      // norms on the 27B hidden size, alone (median) and back-to-back
+      const int H = 5120;
+      float* h = static_cast<float*>(dmalloc(size_t(16) * H * 4));
+      float* r = static_cast<float*>(dmalloc(size_t(16) * H * 4));
+      float* w = static_cast<float*>(dmalloc(size_t(H) * 4));
+      float* y = static_cast<float*>(dmalloc(size_t(16) * H * 4));
+      fill_random(h, size_t(16) * H, DType::F32, 11, 1.0f, g_st);
+      fill_random(r, size_t(16) * H, DType::F32, 12, 1.0f, g_st);
+      fill_random(w, H, DType::F32, 13, 1.0f, g_st);
+      for (int Mi : {1, 8}) {
+        const double ta = median_us([&](int) { add_rmsnorm(h, r, w, y, Mi, H, 1e-6f, g_st); });
+        const double tb = b2b_us([&](int) { add_rmsnorm(h, r, w, y, Mi, H, 1e-6f, g_st); });
+        std::printf("%-40s %3d %10.1f   (back-to-back %.2f us)\n", "add_rmsnorm 5120", Mi, ta, tb);
+        const double tr = median_us([&](int) { rmsnorm(h, w, y, Mi, H, 1e-6f, g_st); });
+        std::printf("%-40s %3d %10.1f\n", "rmsnorm 5120", Mi, tr);
+      }
+      for (void* ptr : {(void*)h, (void*)r, (void*)w, (void*)y}) cudaFree(ptr);
     }
     {
       const int V = 248320;

@@ -27,6 +27,10 @@ struct WeightRef {
   const void* scales = nullptr;  // int4 only: bf16 [rows, cols/group]
   const void* biases = nullptr;  // int4 only: bf16 [rows, cols/group]; w = q*scale + bias
   int group = 0;                 // int4 group size (64 for mlx checkpoints)
+  // Memory layout of data. kRowMajor everywhere except where a backend re-laid a matrix out for
+  // its own GEMV (Backend::prepare_matrix); such a weight is only ever passed to matmul.
+  static constexpr uint8_t kRowMajor = 0, kTc32x64 = 1;
+  uint8_t layout = kRowMajor;
   bool valid() const { return data != nullptr; }
 };
 
@@ -107,6 +111,20 @@ class Backend {
   virtual void capture_abort() {}
   virtual void graph_launch(void* /*graph*/) {}
   virtual void graph_destroy(void* /*graph*/) {}
+
+  // ---- kernel profile (optional; `qflash bench --profile`) ----------------------------------
+  // Between profile_begin() and profile_end(), every kernel is timed on its own with device
+  // events and graphs are not used (ops run directly). profile_end() returns a table of kernel
+  // time per iteration (the records divided by `iters`); "" where the backend has no profiler.
+  virtual void profile_begin() {}
+  virtual std::string profile_end(int /*iters*/) { return ""; }
+
+  // ---- weight layout (optional) -------------------------------------------------------------
+  // For a matrix that only matmul / matmul_group will read: a copy in this backend's own GEMV
+  // layout (backend memory, released with release_weight), its layout code in *layout; nullptr
+  // to keep the matrix as it is (the default; also when the copy does not fit). The caller then
+  // releases the original.
+  virtual const void* relayout_matrix(const WeightRef& /*w*/, uint8_t* /*layout*/) { return nullptr; }
 
   // ---- dense ops ----------------------------------------------------------------------------
   // y[m, r] = sum_c x[m, c] * W[r, c]; x [M, W.cols], y [M, W.rows]. Row-invariant.

@@ -150,6 +150,43 @@ int cmd_bench(const BenchArgs& a) {
       ops["dflash2_draft_over_decode"] = d / decode;
     }
     out["ops"] = ops;
+
+    // Kernel profile: each kernel timed on its own (events around every launch, graphs off), so
+    // the sum shows where a step's GPU time goes; the wall time of the same ops without graphs
+    // is printed beside it (the difference is launch gaps and event overhead).
+    if (a.profile) {
+      const int iters = std::max(3, a.reps / 2);
+      nlohmann::json prof;
+      auto profile = [&](const char* what, auto&& f) {
+        f();
+        be->sync();
+        be->profile_begin();
+        const auto t0 = Clock::now();
+        for (int i = 0; i < iters; i++) f();
+        be->sync();
+        const double wall = std::chrono::duration<double, std::milli>(Clock::now() - t0).count() / iters;
+        const std::string table = be->profile_end(iters);
+        std::printf("---- kernel profile: %s (%d iterations; wall %.3f ms per iteration with the profiler on) ----\n%s",
+                    what, iters, wall, table.c_str());
+        prof[what] = {{"wall_ms_profiled", wall}, {"table", table}};
+      };
+      profile("decode (1 row)", [&] {
+        st->pos = P;
+        target->forward(*st, toks.data(), 1, fo);
+      });
+      ForwardOpts vo = fo;
+      vo.capture = true;
+      profile("verify (8 rows)", [&] {
+        st->pos = P;
+        target->forward(*st, toks.data(), 8, vo);
+      });
+      if (dfl) {
+        auto* ds = static_cast<DFlashDraftSource*>(dfl.get());
+        std::vector<int32_t> drafts(16);
+        profile("dflash2 draft", [&] { ds->draft(prompt[0], P, ds->max_k(), drafts.data()); });
+      }
+      out["profile"] = prof;
+    }
   }
 
   // ---- end-to-end generation ----
@@ -192,6 +229,7 @@ int cmd_bench(const BenchArgs& a) {
     }
   }
   double plain_tps = 0;
+  if (a.ops_only) cfgs.clear();
   for (const Cfg& cf : cfgs) {
     Generator g(*target, cf.src, a.max_context);
     GenerateOptions go;
@@ -261,6 +299,8 @@ void add_bench_options(CLI::App* c, BenchArgs& a) {
   c->add_option("--mtp-k", a.mtp_k, "MTP drafts per round");
   c->add_option("--prompts", a.prompts, "JSONL/text file of prompts: real acceptance");
   c->add_option("--n-prompts", a.n_prompts, "use the first N prompts");
+  c->add_flag("--profile", a.profile, "time every kernel of a decode step, an 8-row verify and a draft pass (no graphs)");
+  c->add_flag("--ops-only", a.ops_only, "op timings (and --profile) only: no end-to-end generation");
   c->add_flag("--real", a.real, "real acceptance on the random prompt (no forcing)");
   c->add_flag("!--no-mtp", a.mtp, "skip the MTP head");
   c->add_option("--max-context", a.max_context, "positions allocated");

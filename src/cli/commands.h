@@ -28,7 +28,7 @@ int cmd_inspect(const std::string& dir);
 struct BenchArgs {
   std::string model, synthetic, synthetic_drafter, drafter, device = "auto", force_accept = "0,2,4,7", prompts, json;
   int prompt_len = 64, gen = 128, reps = 20, mtp_k = 3, n_prompts = 64, max_context = 4096;
-  bool real = false, mtp = true;
+  bool real = false, mtp = true, profile = false, ops_only = false;
 };
 void add_bench_options(CLI::App* cmd, BenchArgs& a);
 int cmd_bench(const BenchArgs& a);

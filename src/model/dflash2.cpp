@@ -76,7 +76,7 @@ std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, con
     const int R = cfg.selector_rank;
     d->hidden_proj_ = ws.matrix("candidate_selector.hidden_projection.weight", R, H);
     auto codebook = [&](const std::string& n) {
-      return ws.has(n) ? ws.matrix(n, V, R) : ws.matrix(n + ".weight", V, R);
+      return ws.has(n) ? ws.matrix(n, V, R, false) : ws.matrix(n + ".weight", V, R, false);
     };
     d->epre_ = codebook("candidate_selector.predecessor_codebook");
     d->esuc_ = codebook("candidate_selector.successor_codebook");

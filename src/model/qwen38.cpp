@@ -92,7 +92,7 @@ void Qwen38Model::build(const std::string& origin, const std::string& lm_name) {
   WeightSet& ws = *m->ws_;
   const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   Progress progress("loading target", static_cast<size_t>(c.num_hidden_layers) + 2);
-  m->embed_ = ws.matrix(m->prefix_ + "embed_tokens.weight", V, H);
+  m->embed_ = ws.matrix(m->prefix_ + "embed_tokens.weight", V, H, /*matmul_only=*/false);
   m->lm_head_ = ws.matrix(lm_name, V, H);
   m->final_norm_ = ws.norm(m->prefix_ + "norm.weight", H, m->norm_form_);
   progress.add(2);

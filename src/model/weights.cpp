@@ -32,7 +32,30 @@ const void* WeightSet::import(const TensorInfo& t) {
   return p;
 }
 
-WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols) {
+// The backend's GEMV layout for a matrix only matmul reads: the new copy replaces the loaded one.
+void WeightSet::relayout(WeightRef& w, const std::string& name) {
+  uint8_t layout = WeightRef::kRowMajor;
+  const void* p = nullptr;
+  try {
+    p = be_->relayout_matrix(w, &layout);
+  } catch (const Error& e) {
+    fail(e.kind(), "tensor '%s': %s", name.c_str(), e.what());
+  }
+  if (!p) return;
+  void* old = const_cast<void*>(w.data);
+  if (!owned_.empty() && owned_.back() == old) {
+    owned_.pop_back();
+    be_->release(old);
+  } else if (!imported_.empty() && imported_.back() == old) {
+    imported_.pop_back();
+    be_->release_weight(old);
+  }
+  imported_.push_back(p);
+  w.data = p;
+  w.layout = layout;
+}
+
+WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols, bool matmul_only) {
   WeightRef w;
   w.rows = rows;
   w.cols = cols;
@@ -44,6 +67,7 @@ WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols)
     imported_bytes_ += n * 2;
     w.dtype = DType::BF16;
     w.data = p;
+    if (matmul_only) relayout(w, name);
     return w;
   }
   const std::string base = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
@@ -70,6 +94,7 @@ WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols)
   const TensorInfo& t = store_->require(name, {DType::BF16, DType::F16, DType::F32}, {rows, cols});
   w.dtype = t.dtype;
   w.data = import(t);
+  if (matmul_only) relayout(w, name);
   return w;
 }
 

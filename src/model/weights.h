@@ -39,8 +39,10 @@ class WeightSet {
   bool has(const std::string& name) const { return !store_ || store_->find(name) != nullptr; }
   // A matrix [rows, cols]: bf16/f16/f32 under `name`, or mlx int4 (`name` u32 [rows, cols/8] +
   // `<base>.scales` / `<base>.biases`) when `name` ends with ".weight" and scales exist.
-  WeightRef matrix(const std::string& name, int64_t rows, int64_t cols);
-  // A bare [rows, cols] table (codebooks); same rules as matrix().
+  // matmul_only: the matrix is only ever passed to Backend::matmul / matmul_group, so the backend
+  // may keep it in its own GEMV layout (Backend::relayout_matrix); false for the embedding and
+  // codebooks, whose rows are read directly.
+  WeightRef matrix(const std::string& name, int64_t rows, int64_t cols, bool matmul_only = true);
   // A vector [n] (any float dtype) converted to f32; `form` says how it is stored.
   NormVec norm(const std::string& name, int64_t n, NormForm form);
   // Any float tensor with the given shape, converted to f32 on the backend.
@@ -60,6 +62,7 @@ class WeightSet {
   uint64_t name_seed(const std::string& name) const;
   size_t imported_bytes_ = 0;
   const void* import(const TensorInfo& t);
+  void relayout(WeightRef& w, const std::string& name);
 };
 
 // Converts a full NormVec's host values: adds 1 to a ZeroCentred source exactly once.

@@ -450,7 +450,8 @@ TEST(CudaMatmul, FullSizeShapes) {
 // Every tensor-core schedule (column slices and each stream-K variant; the backend uses one, the
 // bench compares them all): each tracks the CPU and gives row m the same bits for every M. The
 // shapes cover stream-K tiles cut into many pieces (few rows, long rows), tiles one warp covers
-// whole (many rows, short rows), a single warp, and a grouped launch.
+// whole (many rows, short rows), a single warp, and a grouped launch. The same weights in the
+// tiled layout (gemv_tc_relayout; rows not multiples of 32 included) give the row-major bits.
 TEST(CudaMatmul, TcSchedulesMatchCpuAndRowInvariant) {
   NEED_GPU();
   cuda::GemvScratch sc;
@@ -472,6 +473,20 @@ TEST(CudaMatmul, TcSchedulesMatchCpuAndRowInvariant) {
       wd[i] = tw[i].dev();
       wp[i] = &wd[i];
     }
+    std::vector<DeviceBuffer> tbuf;
+    std::vector<WeightRef> wt(n);
+    std::vector<const WeightRef*> wtp(n);
+    for (int i = 0; i < n; i++) {
+      tbuf.emplace_back(G, cuda::gemv_tc_tiled_bytes(cs.rows[i], cs.cols));
+      poison(G, tbuf.back().get(), tbuf.back().bytes());
+      G->sync();
+      cuda::gemv_tc_relayout(wd[i].data, tbuf.back().get(), cs.rows[i], cs.cols, st);
+      wt[i] = wd[i];
+      wt[i].data = tbuf.back().get();
+      wt[i].layout = WeightRef::kTc32x64;
+      wtp[i] = &wt[i];
+    }
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(st));
     const int maxM = 16;
     auto x = randv(static_cast<size_t>(maxM) * cs.cols, 321);
     DeviceBuffer dx = up(G, x);
@@ -484,7 +499,7 @@ TEST(CudaMatmul, TcSchedulesMatchCpuAndRowInvariant) {
       const std::string what = std::string(cuda::gemv_tc_sched_name(sched)) + " " + std::to_string(cs.rows[0]) + "x" +
                                std::to_string(cs.cols) + (n > 1 ? " group" : "");
       // run(M, off): rows off .. off + M - 1 of x through the schedule, outputs downloaded
-      auto run = [&](int M, int off) {
+      auto run = [&](int M, int off, bool tiled = false) {
         std::vector<DeviceBuffer> dy;
         std::vector<float*> yp;
         for (int i = 0; i < n; i++) {
@@ -493,7 +508,7 @@ TEST(CudaMatmul, TcSchedulesMatchCpuAndRowInvariant) {
           yp.push_back(dy.back().f());
         }
         G->sync();
-        cuda::gemv_tc_group(wp.data(), yp.data(), n, dx.f() + static_cast<size_t>(off) * cs.cols,
+        cuda::gemv_tc_group(tiled ? wtp.data() : wp.data(), yp.data(), n, dx.f() + static_cast<size_t>(off) * cs.cols,
                             static_cast<int>(cs.cols), M, st, &sc, sched);
         EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
         std::vector<std::vector<float>> out(n);
@@ -514,6 +529,13 @@ TEST(CudaMatmul, TcSchedulesMatchCpuAndRowInvariant) {
         for (int i = 0; i < n; i++)
           ASSERT_EQ(0, std::memcmp(r[i].data(), one[i].data() + static_cast<size_t>(off) * cs.rows[i], r[i].size() * 4))
               << what << " weight " << i << " M=" << M;
+      }
+      for (int M : {1, 5, 16}) {
+        const int off = maxM - M;
+        auto r = run(M, off, true);
+        for (int i = 0; i < n; i++)
+          ASSERT_EQ(0, std::memcmp(r[i].data(), one[i].data() + static_cast<size_t>(off) * cs.rows[i], r[i].size() * 4))
+              << what << " tiled layout, weight " << i << " M=" << M;
       }
     }
   }

@@ -19,6 +19,8 @@
 #   benchdemo qflash bench, demo pair, real acceptance (and 16 prompts with QFLASH_CUDA_GRAPHS=0)
 #   sanitize  compute-sanitizer memcheck on CudaOps (if time is left)
 #   bench27s  a short 27B bench (plain + DFlash2 at forced 4 of 7) for A/B under an env switch
+#   prof27    kernel profile of the 27B decode step, 8-row verify and draft pass (not default)
+#   sweep     qflash_gemv_bench --sweep: GEMV fixed cost per launch vs a streaming read (not default)
 #   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
 #             counters for four tensor-core GEMV launches
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
@@ -101,6 +103,14 @@ want bench27s && step bench27s 120 plain "$BIN/qflash" bench --device cuda \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
   --force-accept 4 --gen 32 --reps 5 --no-mtp --json "$LOG/bench_27b_short.json"
+# Where a step's GPU time goes: every kernel of a decode step, an 8-row verify and a draft pass
+# timed on its own (27B synthetic, graphs off for the profile), and the GEMV's fixed cost per
+# launch against a plain streaming read over a range of sizes.
+want prof27 && step prof27 150 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --reps 10 --no-mtp --ops-only --profile --json "$LOG/prof_27b.json"
+want sweep && step sweep 90 plain "$BIN/qflash_gemv_bench" --sweep
 # Hardware counters for the tensor-core GEMV (one launch per shape class), for the next tuning round
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if want ncu && [[ -n "$NCU" ]]; then
@@ -127,8 +137,9 @@ cp "$LOG/summary.txt" "$OUTDIR/summary$SFX.txt"
 for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/$(basename "$j" .json)$SFX.json"; done
 tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
-for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/benchdemo.log "$LOG"/gemv.log; do
+for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/benchdemo.log "$LOG"/gemv.log "$LOG"/sweep.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done
+[[ -f "$LOG/prof27.log" ]] && { echo "---- prof27.log (head of each table)"; grep -A14 -E '^(---- kernel|decode step)' "$LOG/prof27.log" | cut -c1-150; }
 echo
 cat "$LOG/summary.txt"

@@ -24,6 +24,9 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 constexpr int kDPerThread = kAttnMaxHeadDim / kThreads;  // 4
+constexpr int kKeyBatch = 4;   // keys per warp whose K rows are loaded together
+constexpr int kValBatch = 16;  // keys whose V entries a thread loads together
+static_assert((kAttnChunk / kWarps) % kKeyBatch == 0, "key batches must tile a warp's keys");
 
 struct AttnGeom {
   int n_heads, group, head_dim, kvw;
@@ -76,17 +79,34 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
       const int64_t cbase = c * kAttnChunk;
       const int64_t j0 = cbase > lo ? cbase : lo;
       const int64_t j1 = cbase + kAttnChunk < hi ? cbase + kAttnChunk : hi;
-      // scores: one warp per key, lanes over the head dimension (fixed order), then a fixed tree
-      for (int jj = warp; jj < kAttnChunk; jj += kWarps) {
-        const int64_t j = cbase + jj;
-        float s = -INFINITY;
-        if (j >= j0 && j < j1) {
-          const float* kj = K + static_cast<size_t>(j) * G.kvw + static_cast<size_t>(g) * hd;
-          float p = 0.0f;
-          for (int d = lane; d < hd; d += 32) p = fmaf(qs[d], kj[d], p);
-          s = __fmul_rn(warp_sum(p), G.scale);
+      // scores: one warp per key (keys warp, warp + kWarps, ...), lanes over the head dimension
+      // (d = lane, lane + 32, ... in order), then a fixed tree. The keys of a warp go in batches of
+      // kKeyBatch whose loads are all issued before the first product (latency, not bandwidth,
+      // bounds a short chunk).
+      for (int u0 = 0; u0 < kAttnChunk / kWarps; u0 += kKeyBatch) {
+        float kv[kKeyBatch][kAttnMaxHeadDim / 32];
+#pragma unroll
+        for (int u = 0; u < kKeyBatch; u++) {
+          const int64_t j = cbase + warp + kWarps * (u0 + u);
+          const bool ok = j >= j0 && j < j1;
+          const float* kj = K + static_cast<size_t>(ok ? j : j0) * G.kvw + static_cast<size_t>(g) * hd;
+#pragma unroll
+          for (int e = 0; e < kAttnMaxHeadDim / 32; e++) {
+            const int d = lane + 32 * e;
+            kv[u][e] = ok && d < hd ? kj[d] : 0.0f;
+          }
         }
-        if (lane == 0) sc[jj] = s;
+#pragma unroll
+        for (int u = 0; u < kKeyBatch; u++) {
+          const int jj = warp + kWarps * (u0 + u);
+          const int64_t j = cbase + jj;
+          float p = 0.0f;
+#pragma unroll
+          for (int e = 0; e < kAttnMaxHeadDim / 32; e++)
+            if (lane + 32 * e < hd) p = fmaf(qs[lane + 32 * e], kv[u][e], p);
+          const float sum = warp_sum(p);
+          if (lane == 0) sc[jj] = (j >= j0 && j < j1) ? __fmul_rn(sum, G.scale) : -INFINITY;
+        }
       }
       __syncthreads();
       float cmax = -INFINITY;
@@ -101,13 +121,21 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
       float csum = 0.0f;
       for (int t = 0; t < kAttnChunk; t++) csum = __fadd_rn(csum, ps[t]);
       run_sum = __fadd_rn(__fmul_rn(run_sum, alpha), csum);
+      // weighted values: keys j0 .. j1 - 1 in order, their loads issued kValBatch at a time
 #pragma unroll
       for (int k = 0; k < kDPerThread; k++) {
         const int d = threadIdx.x + k * kThreads;
         if (d < hd) {
           float a = __fmul_rn(acc[k], alpha);
-          for (int64_t j = j0; j < j1; j++)
-            a = fmaf(ps[j - cbase], V[static_cast<size_t>(j) * G.kvw + static_cast<size_t>(g) * hd + d], a);
+          const float* vd = V + static_cast<size_t>(g) * hd + d;
+          for (int64_t jb = j0; jb < j1; jb += kValBatch) {
+            float vv[kValBatch];
+#pragma unroll
+            for (int u = 0; u < kValBatch; u++) vv[u] = jb + u < j1 ? vd[static_cast<size_t>(jb + u) * G.kvw] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < kValBatch; u++)
+              if (jb + u < j1) a = fmaf(ps[jb + u - cbase], vv[u], a);
+          }
           acc[k] = a;
         }
       }

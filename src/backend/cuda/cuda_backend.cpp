@@ -151,6 +151,31 @@ class CudaBackend final : public Backend {
     return d;
   }
   void release_weight(const void* p) override { free_noexcept(const_cast<void*>(p)); }
+  // bf16 matrices the tensor-core GEMV reads get its tiled layout (kernels.h, gemv_tc_relayout):
+  // one contiguous stream per warp. QFLASH_TC_LAYOUT=row keeps them row-major (A/B runs); so does
+  // a copy that does not fit next to the original (a warning, once).
+  const void* relayout_matrix(const WeightRef& w, uint8_t* layout) override {
+    static const bool off = [] {
+      const char* e = std::getenv("QFLASH_TC_LAYOUT");
+      return e && std::strcmp(e, "row") == 0;
+    }();
+    if (off || w.layout != WeightRef::kRowMajor || !cuda::gemv_tc_enabled() || !cuda::gemv_tc_eligible(w)) return nullptr;
+    const size_t bytes = cuda::gemv_tc_tiled_bytes(w.rows, w.cols);
+    void* d = nullptr;
+    if (cudaMalloc(&d, bytes) != cudaSuccess) {
+      cudaGetLastError();
+      static bool warned = false;
+      if (!warned)
+        std::fprintf(stderr, "qflash: warning: no room for the GEMV layout of a %lld x %lld matrix (%.1f MB); keeping "
+                             "row-major weights where it does not fit\n", (long long)w.rows, (long long)w.cols, bytes / 1e6);
+      warned = true;
+      return nullptr;
+    }
+    cuda::gemv_tc_relayout(w.data, d, w.rows, w.cols, st_);
+    QF_CUDA_CHECK(cudaStreamSynchronize(st_));  // the caller frees the original next
+    *layout = WeightRef::kTc32x64;
+    return d;
+  }
   void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale) override {
     cuda::fill_random(dst, n, dt, seed, scale, st_);
   }
@@ -173,7 +198,18 @@ class CudaBackend final : public Backend {
   }
 
   // ---- CUDA graphs -------------------------------------------------------------------------
-  bool graphs_enabled() const override { return graphs_on_; }
+  bool graphs_enabled() const override { return graphs_on_ && !profiling_; }
+  void profile_begin() override {
+    QF_CUDA_CHECK(cudaStreamSynchronize(st_));
+    profiling_ = true;
+    cuda::prof_set(true);
+  }
+  std::string profile_end(int iters) override {
+    QF_CUDA_CHECK(cudaStreamSynchronize(st_));
+    cuda::prof_set(false);
+    profiling_ = false;
+    return cuda::prof_report(iters);
+  }
   uint64_t graph_epoch() const override { return epoch_; }
   void capture_begin() override {
     QF_CUDA_CHECK(cudaStreamBeginCapture(st_, cudaStreamCaptureModeThreadLocal));
@@ -453,6 +489,7 @@ class CudaBackend final : public Backend {
   std::string name_;
   bool graphs_on_ = graphs_from_env();
   bool capturing_ = false;
+  bool profiling_ = false;
   uint64_t epoch_ = 1;
   static bool graphs_from_env() {
     const char* e = std::getenv("QFLASH_CUDA_GRAPHS");

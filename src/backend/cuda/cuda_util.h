@@ -21,6 +21,19 @@ std::string fmt_str(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 // QFLASH_PDL=1: kernels are launched with programmatic dependent launch (device_common.cuh).
 bool pdl_enabled();
 
+// Kernel profiler (`qflash bench --profile`, the GEMV bench): while it is on, launch_k brackets
+// every launch with two CUDA events; prof_report() adds the GPU time up by kernel and tag. It
+// skips launches made during a stream capture. prof_tag() names the next launch (the GEMV puts
+// its shape there) and is cleared by it.
+bool prof_on();
+void prof_set(bool on);
+void prof_tag(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void prof_before(cudaStream_t st);
+void prof_after(const void* fn, unsigned grid, unsigned block, cudaStream_t st);
+// Synchronizes, then returns a table of kernel time per call of the profiled sequence (the
+// records are divided by `iters`) and clears the records.
+std::string prof_report(int iters);
+
 inline void cuda_check(cudaError_t e, const char* what, const char* file, int line) {
   if (e != cudaSuccess) cuda_fail(e, what, file, line);
 }

@@ -45,8 +45,8 @@ __device__ __forceinline__ float nib_to_f(uint32_t q) { return __fsub_rn(__uint_
 __device__ __forceinline__ float deq4(uint32_t q, float s, float b) { return __fadd_rn(__fmul_rn(nib_to_f(q), s), b); }
 
 // Programmatic dependent launch (Hopper). pdl_trigger(): a kernel lets the next kernel in the
-// stream be scheduled now, if that kernel was launched with the programmatic attribute (only
-// the GEMV is, see gemv_tc.cu); the next kernel still sees none of this kernel's writes until it
+// stream be scheduled now, if that kernel was launched with the programmatic attribute
+// (launch_k sets it on every launch when QFLASH_PDL=1); the next kernel still sees none of this kernel's writes until it
 // has called pdl_wait(), which returns when every earlier kernel has completed and flushed. Both
 // are no-ops for a kernel launched the ordinary way.
 __device__ __forceinline__ void pdl_trigger() {
@@ -62,9 +62,11 @@ __device__ __forceinline__ void pdl_wait() {
 
 // Every kernel launch of the backend: the ordinary launch, or with programmatic dependent launch
 // when QFLASH_PDL=1 (pdl_enabled(), cuda_util.h). Every kernel launched here calls pdl_trigger()
-// and then pdl_wait() before it touches memory, so PDL only overlaps a kernel's launch and
-// scheduling with its predecessor's tail; no kernel reads anything before its predecessor has
-// completed.
+// and then pdl_wait() before it touches memory that an earlier kernel may write, so PDL overlaps
+// a kernel's launch and scheduling with its predecessor's tail. The one exception: the
+// tensor-core GEMVs issue their first weight loads before pdl_wait() (weights are written only
+// by uploads and by fill_random, which does not trigger early, so no weight is still being
+// written when a later kernel starts).
 template <class... Exp, class... Act>
 void launch_k(void (*kernel)(Exp...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Act&&... args) {
   cudaLaunchConfig_t cfg{};
@@ -77,7 +79,10 @@ void launch_k(void (*kernel)(Exp...), dim3 grid, dim3 block, size_t smem, cudaSt
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  const bool prof = prof_on();
+  if (prof) prof_before(st);
   cuda_check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Act>(args)...), "cudaLaunchKernelEx", __FILE__, __LINE__);
+  if (prof) prof_after(reinterpret_cast<const void*>(kernel), grid.x * grid.y * grid.z, block.x * block.y * block.z, st);
 }
 
 // Streaming 16-byte weight load: read once, keep out of L1 (the activations live there).

@@ -29,19 +29,14 @@ __device__ __forceinline__ float rms_inv(float ss, int n, float eps) {
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
 }
 
-// Row sum of squares. WARP_ROWS: one warp per row (n <= 1024); else one 256-thread block per row.
-// The choice depends on n only; the order inside depends on n only.
+// Sum of one value per thread over a row's threads (a warp, or the 256-thread block), in a fixed
+// order: the warp tree, then the warps in order.
 template <bool WARP_ROWS>
-__device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
+__device__ __forceinline__ float row_total(float s, float* sh) {
+  s = warp_sum(s);
   if constexpr (WARP_ROWS) {
-    const int lane = threadIdx.x & 31;
-    float s = 0.0f;
-    for (int i = lane; i < n; i += 32) s = fmaf(xr[i], xr[i], s);
-    return warp_sum(s);
+    return s;
   } else {
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < n; i += kBlock) s = fmaf(xr[i], xr[i], s);
-    s = warp_sum(s);
     const int w = threadIdx.x >> 5;
     __syncthreads();  // sh may still be read from a previous use
     if ((threadIdx.x & 31) == 0) sh[w] = s;
@@ -50,6 +45,98 @@ __device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
 #pragma unroll
     for (int k = 1; k < kBlock / 32; k++) t = __fadd_rn(t, sh[k]);
     return t;
+  }
+}
+
+// Row sum of squares. WARP_ROWS: one warp per row (n <= 1024); else one 256-thread block per row.
+// The choice depends on n only; the order inside depends on n only: thread t0 adds elements
+// t0, t0 + step, ... in that order (fmaf), then row_total.
+template <bool WARP_ROWS>
+__device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
+  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+  const int step = WARP_ROWS ? 32 : kBlock;
+  float s = 0.0f;
+  for (int i = t0; i < n; i += step) s = fmaf(xr[i], xr[i], s);
+  return row_total<WARP_ROWS>(s, sh);
+}
+
+// Rows of up to kNormPer elements per thread (n <= 1024 per warp, n <= 8192 per block) are held in
+// registers: every load of the row is issued before the first use, instead of one dependent
+// round trip per element (the output may alias the input, so the compiler cannot reorder the
+// loop's loads above its stores). Same arithmetic, same order as the loops above.
+constexpr int kNormPer = 32;
+
+template <bool WARP_ROWS, bool GATED>
+__global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, const float* gate,
+                                                             const float* __restrict__ w, float* y, int rows, int n,
+                                                             float eps) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float sh[kBlock / 32];
+  const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
+  if (r >= rows) return;  // uniform per warp (WARP_ROWS) or per block
+  const float* xr = x + static_cast<size_t>(r) * n;
+  float* yr = y + static_cast<size_t>(r) * n;
+  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+  const int step = WARP_ROWS ? 32 : kBlock;
+  float v[kNormPer], gv[GATED ? kNormPer : 1];
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++) {
+    const int i = t0 + k * step;
+    v[k] = i < n ? xr[i] : 0.0f;
+    if constexpr (GATED) gv[k] = i < n ? gate[static_cast<size_t>(r) * n + i] : 0.0f;
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++)
+    if (t0 + k * step < n) s = fmaf(v[k], v[k], s);
+  const float inv = rms_inv(row_total<WARP_ROWS>(s, sh), n, eps);
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++) {
+    const int i = t0 + k * step;
+    if (i >= n) break;
+    const float wi = w ? w[i] : 1.0f;
+    if constexpr (GATED)
+      yr[i] = __fmul_rn(__fmul_rn(wi, __fmul_rn(v[k], inv)), silu_f(gv[k]));
+    else
+      yr[i] = __fmul_rn(__fmul_rn(v[k], inv), wi);
+  }
+}
+
+template <bool WARP_ROWS>
+__global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const float* __restrict__ res,
+                                                                 const float* __restrict__ w, float* y, int rows,
+                                                                 int n, float eps) {
+  pdl_trigger();
+  pdl_wait();
+  __shared__ float sh[kBlock / 32];
+  const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
+  if (r >= rows) return;
+  float* hr = h + static_cast<size_t>(r) * n;
+  const float* rr = res + static_cast<size_t>(r) * n;
+  float* yr = y + static_cast<size_t>(r) * n;
+  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+  const int step = WARP_ROWS ? 32 : kBlock;
+  float v[kNormPer], rv[kNormPer];
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++) {
+    const int i = t0 + k * step;
+    v[k] = i < n ? hr[i] : 0.0f;
+    rv[k] = i < n ? rr[i] : 0.0f;
+  }
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++) {
+    v[k] = __fadd_rn(v[k], rv[k]);
+    if (t0 + k * step < n) s = fmaf(v[k], v[k], s);
+  }
+  const float inv = rms_inv(row_total<WARP_ROWS>(s, sh), n, eps);
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++) {
+    const int i = t0 + k * step;
+    if (i >= n) break;
+    hr[i] = v[k];
+    yr[i] = __fmul_rn(__fmul_rn(v[k], inv), w ? w[i] : 1.0f);
   }
 }
 
@@ -103,7 +190,9 @@ void rmsnorm_launch(const float* x, const float* gate, const float* w, float* y,
                     cudaStream_t st) {
   if (rows <= 0 || n <= 0) return;
   if (n <= 1024) {
-    launch_k(rmsnorm_kernel<true, GATED>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+    launch_k(rmsnorm_reg_kernel<true, GATED>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  } else if (n <= kNormPer * kBlock) {
+    launch_k(rmsnorm_reg_kernel<false, GATED>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   } else {
     launch_k(rmsnorm_kernel<false, GATED>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   }
@@ -148,20 +237,22 @@ __global__ void split_qgate_kernel(const float* __restrict__ qg, float* __restri
 __global__ void rope_kernel(float* x, int M, int nh, int hd, int half, const RopeFreqs f, const StepMeta* meta) {
   pdl_trigger();
   pdl_wait();
-  const size_t total = static_cast<size_t>(M) * half;
+  // One thread per (row, head, rotated pair); each computes its own angle (the same expression for
+  // every head, so the same bits).
+  const size_t total = static_cast<size_t>(M) * nh * half;
   const int32_t pos0 = meta->q_pos0;
   for (size_t t = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; t < total;
        t += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int m = static_cast<int>(t / half), i = static_cast<int>(t % half);
+    const int i = static_cast<int>(t % half);
+    const size_t mh = t / half;  // m * nh + h
+    const int m = static_cast<int>(mh / nh);
     const float pos = static_cast<float>(pos0 + m);
     const float ang = __fmul_rn(pos, f.inv[i]);
     const float c = cosf(ang), s = sinf(ang);
-    for (int h = 0; h < nh; h++) {
-      float* xh = x + (static_cast<size_t>(m) * nh + h) * hd;
-      const float a = xh[i], b = xh[i + half];
-      xh[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-      xh[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-    }
+    float* xh = x + mh * hd;
+    const float a = xh[i], b = xh[i + half];
+    xh[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    xh[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
   }
 }
 
@@ -218,7 +309,9 @@ __device__ __forceinline__ uint16_t f32_to_bf16_d(float f) {
 
 template <bool BF16>
 __global__ void fill_random_kernel(void* dst, size_t n, uint64_t seed, float scale) {
-  pdl_trigger();
+  // No early pdl_trigger(): fill_random writes weights (synthetic checkpoints), and the GEMVs read
+  // their first weights before pdl_wait(); without the trigger no later kernel starts before
+  // this one has completed, so that early read can never see a weight being filled.
   pdl_wait();
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
@@ -274,7 +367,9 @@ void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, 
 void add_rmsnorm(float* h, const float* r, const float* w, float* y, int rows, int n, float eps, cudaStream_t st) {
   if (rows <= 0 || n <= 0) return;
   if (n <= 1024)
-    launch_k(add_rmsnorm_kernel<true>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, h, r, w, y, rows, n, eps);
+    launch_k(add_rmsnorm_reg_kernel<true>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, h, r, w, y, rows, n, eps);
+  else if (n <= kNormPer * kBlock)
+    launch_k(add_rmsnorm_reg_kernel<false>, dim3(rows), dim3(kBlock), 0, st, h, r, w, y, rows, n, eps);
   else
     launch_k(add_rmsnorm_kernel<false>, dim3(rows), dim3(kBlock), 0, st, h, r, w, y, rows, n, eps);
   QF_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
@@ -306,7 +401,7 @@ void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, const RopeFre
   if (half > kMaxRopeHalf || rot_dim > head_dim)
     backend_fail("cuda rope: rot_dim %d (head_dim %d) exceeds what the kernel supports (%d)", rot_dim, head_dim,
                  2 * kMaxRopeHalf);
-  const size_t total = static_cast<size_t>(M) * half;
+  const size_t total = static_cast<size_t>(M) * n_heads * half;
   launch_k(rope_kernel, dim3(grid_for(total, 128)), dim3(128), 0, st, x, M, n_heads, head_dim, half, f, meta);
   QF_CUDA_LAUNCH_CHECK("rope_kernel");
 }

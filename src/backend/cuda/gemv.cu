@@ -41,6 +41,11 @@ bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStr
   if ((reinterpret_cast<uintptr_t>(x) & 15) != 0 || x_ld % 4 != 0 || x_ld < W.cols)
     backend_fail("cuda matmul: activations must be 16-byte aligned with a row stride multiple of 4 >= cols "
                  "(x %p, ld %d, cols %lld)", static_cast<const void*>(x), x_ld, (long long)W.cols);
+  if (W.layout == WeightRef::kTc32x64) {  // re-laid out for the tensor-core kernel: only it reads this
+    if (variant != 0) return false;
+    gemv_tc(W, x, x_ld, y, M, st, sc, 0, force_ks);
+    return true;
+  }
   if (variant == 0 && gemv_tc_enabled() && gemv_tc_eligible(W)) {
     gemv_tc(W, x, x_ld, y, M, st, sc, 0, force_ks);
     return true;
@@ -76,6 +81,7 @@ bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStr
     P.x = x + static_cast<size_t>(g0) * x_ld;
     P.y = y + static_cast<size_t>(g0) * W.rows;
     const int mb = bucket(mg);
+    if (prof_on()) prof_tag("%lld x %lld, M=%d, fma dtype %d", (long long)W.rows, (long long)W.cols, mg, static_cast<int>(W.dtype));
     switch (W.dtype) {
       case DType::BF16:
         if (!gemv_run_bf16(P, mb, vec, variant, st)) return false;

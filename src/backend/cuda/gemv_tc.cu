@@ -20,10 +20,12 @@
 // chunk uses words 2s, 2s + 1 of those 8 words, i.e. logical k-pair t <- columns 16t + 4s + {0,1}
 // and logical k-pair t + 4 <- columns 16t + 4s + {2,3}. The B fragment for token g uses the same
 // mapping, so the permutation cancels in the dot product.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <string>
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -93,10 +95,62 @@ __device__ __forceinline__ int seg_of(const Params& P, int tile) {
   return s;
 }
 
+// One 64-column chunk of one warp's 32-row tile: reads the lane's 16 activations per token tile
+// (xp[j] + off .. + 16), splits them exactly into three bf16 pieces, runs the 24 MMAs (2 row
+// tiles x 4 k-steps x 3 pieces) into a fresh per-chunk accumulator and adds that to acc with one
+// IEEE add per element (the tensor core's own fp32 accumulation truncates, so its error stays
+// relative to one chunk's partial sum instead of the whole row's). w holds the lane's 8 weight
+// vectors: w[2i], w[2i + 1] are row i's two 16-byte halves (rows as in the geometry note above).
 template <int NT>
+__device__ __forceinline__ void tc_chunk(const uint4 (&w)[8], const float* const (&xp)[NT], const bool (&xv)[NT],
+                                         int off, float (&acc)[2][NT][4]) {
+  float4 xs[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++)
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+      xs[j][q] = xv[j] ? __ldg(reinterpret_cast<const float4*>(xp[j] + off + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float cacc[2][NT][4];
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) cacc[a][j][e] = 0.0f;
+#pragma unroll
+  for (int s = 0; s < 4; s++) {
+    uint32_t b0[NT][3], b1[NT][3];
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      split_pair(xs[j][s].x, xs[j][s].y, b0[j]);
+      split_pair(xs[j][s].z, xs[j][s].w, b1[j]);
+    }
+#pragma unroll
+    for (int a = 0; a < 2; a++) {
+      const uint32_t a0 = word_of(w[4 * a], w[4 * a + 1], 2 * s);
+      const uint32_t a1 = word_of(w[4 * a + 2], w[4 * a + 3], 2 * s);
+      const uint32_t a2 = word_of(w[4 * a], w[4 * a + 1], 2 * s + 1);
+      const uint32_t a3 = word_of(w[4 * a + 2], w[4 * a + 3], 2 * s + 1);
+#pragma unroll
+      for (int j = 0; j < NT; j++) {
+        mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][2], b1[j][2]);
+        mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][1], b1[j][1]);
+        mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][0], b1[j][0]);
+      }
+    }
+  }
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[a][j][e] = __fadd_rn(acc[a][j][e], cacc[a][j][e]);
+}
+
+// TL: the weights are in the tiled layout (gemv_tc_relayout) instead of row-major.
+template <int NT, bool TL>
 __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P) {
   pdl_trigger();
-  pdl_wait();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int slice = warp % P.ks, rl = warp / P.ks;
@@ -136,69 +190,34 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P
   const int ch1 = min(ch0 + P.cps, P.nchunks);
   const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
 
+  // Tiled layout: this warp's tile is one contiguous run of nchunks 4 KB blocks.
+  const bool tile_ok = nrows > 0;
+  const char* tb = reinterpret_cast<const char*>(W) +
+                   (static_cast<size_t>(tile_ok ? gtile - P.tile0[seg] : 0) * P.nchunks * 4096 + lane * 16);
+
   // Double buffer: the next chunk's 8 weight vectors are in flight while this one is used.
-  uint4 wcur[4][2], wnxt[4][2];
-  auto load_w = [&](uint4 (&dst)[4][2], int ch) {
-    const size_t off = (static_cast<size_t>(ch) * 64 + 16 * t) * 2;
+  uint4 wcur[8], wnxt[8];
+  auto load_w = [&](uint4 (&dst)[8], int ch) {
+    if constexpr (TL) {
+      const char* p = tb + static_cast<size_t>(ch) * 4096;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      dst[i][0] = rv[i] ? ld_stream16(wp[i] + off) : z4;
-      dst[i][1] = rv[i] ? ld_stream16(wp[i] + off + 16) : z4;
+      for (int v = 0; v < 8; v++) dst[v] = tile_ok ? ld_stream16(p + 512 * v) : z4;
+    } else {
+      const size_t off = (static_cast<size_t>(ch) * 64 + 16 * t) * 2;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        dst[2 * i] = rv[i] ? ld_stream16(wp[i] + off) : z4;
+        dst[2 * i + 1] = rv[i] ? ld_stream16(wp[i] + off + 16) : z4;
+      }
     }
   };
-  if (ch0 < ch1) load_w(wcur, ch0);
+  if (ch0 < ch1) load_w(wcur, ch0);  // weights never depend on an earlier kernel: before the wait
+  pdl_wait();
   for (int ch = ch0; ch < ch1; ch++) {
     if (ch + 1 < ch1) load_w(wnxt, ch + 1);
-    const int c = ch * 64 + 16 * t;
-    float4 xs[NT][4];
+    tc_chunk<NT>(wcur, xp, xv, ch * 64 + 16 * t, acc);
 #pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++)
-        xs[j][q] = xv[j] ? __ldg(reinterpret_cast<const float4*>(xp[j] + c + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    // This chunk's 12 MMAs per tile go into a fresh accumulator that is then added to the running
-    // sum with one IEEE add: the tensor core's own fp32 accumulation truncates, so its error is
-    // kept relative to one chunk's partial sum instead of the whole row's.
-    float cacc[2][NT][4];
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) cacc[a][j][e] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < 4; s++) {
-      uint32_t b0[NT][3], b1[NT][3];
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        split_pair(xs[j][s].x, xs[j][s].y, b0[j]);
-        split_pair(xs[j][s].z, xs[j][s].w, b1[j]);
-      }
-#pragma unroll
-      for (int a = 0; a < 2; a++) {
-        const uint32_t a0 = word_of(wcur[2 * a][0], wcur[2 * a][1], 2 * s);
-        const uint32_t a1 = word_of(wcur[2 * a + 1][0], wcur[2 * a + 1][1], 2 * s);
-        const uint32_t a2 = word_of(wcur[2 * a][0], wcur[2 * a][1], 2 * s + 1);
-        const uint32_t a3 = word_of(wcur[2 * a + 1][0], wcur[2 * a + 1][1], 2 * s + 1);
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][2], b1[j][2]);
-          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][1], b1[j][1]);
-          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][0], b1[j][0]);
-        }
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[a][j][e] = __fadd_rn(acc[a][j][e], cacc[a][j][e]);
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      wcur[i][0] = wnxt[i][0];
-      wcur[i][1] = wnxt[i][1];
-    }
+    for (int v = 0; v < 8; v++) wcur[v] = wnxt[v];
   }
 
   // Accumulator element e of tile (a, j): row row0 + 16a + g + 8(e / 2), token 8j + 2t + (e % 2).
@@ -344,7 +363,7 @@ __device__ __forceinline__ void sk_flush(const SkParams& P, int ct, int cs, int 
 // (ld.global.nc, L2 256-byte prefetch), the next chunk in flight while this one is multiplied,
 // activations read per chunk. 8 warps per block. Same pieces, same flush as gemv_sk_kernel.
 constexpr int kSkrWarps = 8;
-template <int NT>
+template <int NT, bool TL>
 __global__ void __launch_bounds__(kSkrWarps * 32, NT == 1 ? 2 : 1) gemv_skr_kernel(const SkParams P) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
@@ -365,6 +384,11 @@ __global__ void __launch_bounds__(kSkrWarps * 32, NT == 1 ? 2 : 1) gemv_skr_kern
   bool pv[4];
   auto set_rows = [&](int tile) {
     const int seg = seg_of(P, tile);
+    if constexpr (TL) {  // pw[0]: the tile's contiguous run of 4 KB chunk blocks
+      pw[0] = reinterpret_cast<const char*>(P.w[seg]) +
+              static_cast<size_t>(tile - P.tile0[seg]) * nch * 4096 + lane * 16;
+      return;
+    }
     const int nrows = P.rows[seg];
     const int row0 = (tile - P.tile0[seg]) * 32;
     const char* base = reinterpret_cast<const char*>(P.w[seg]) + 32 * t;
@@ -378,11 +402,17 @@ __global__ void __launch_bounds__(kSkrWarps * 32, NT == 1 ? 2 : 1) gemv_skr_kern
   set_rows(pt);
   const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
   auto load_w = [&](uint4 (&dst)[8]) {
-    const size_t wo = static_cast<size_t>(pc) * 128;
+    if constexpr (TL) {
+      const char* p = pw[0] + static_cast<size_t>(pc) * 4096;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      dst[2 * i] = pv[i] ? ld_stream16(pw[i] + wo) : z4;
-      dst[2 * i + 1] = pv[i] ? ld_stream16(pw[i] + wo + 16) : z4;
+      for (int v = 0; v < 8; v++) dst[v] = ld_stream16(p + 512 * v);
+    } else {
+      const size_t wo = static_cast<size_t>(pc) * 128;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        dst[2 * i] = pv[i] ? ld_stream16(pw[i] + wo) : z4;
+        dst[2 * i + 1] = pv[i] ? ld_stream16(pw[i] + wo + 16) : z4;
+      }
     }
     ip++;
     if (++pc == nch) {
@@ -407,47 +437,7 @@ __global__ void __launch_bounds__(kSkrWarps * 32, NT == 1 ? 2 : 1) gemv_skr_kern
   const int first_tile = ct;
   for (long long i = i0; i < i1; i++) {
     if (ip < i1) load_w(wnxt);
-    float4 xs[NT][4];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int q = 0; q < 4; q++)
-        xs[j][q] = xv[j] ? __ldg(reinterpret_cast<const float4*>(xp[j] + cc * 64 + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float cacc[2][NT][4];
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) cacc[a][j][e] = 0.0f;
-#pragma unroll
-    for (int s = 0; s < 4; s++) {
-      uint32_t b0[NT][3], b1[NT][3];
-#pragma unroll
-      for (int j = 0; j < NT; j++) {
-        split_pair(xs[j][s].x, xs[j][s].y, b0[j]);
-        split_pair(xs[j][s].z, xs[j][s].w, b1[j]);
-      }
-#pragma unroll
-      for (int a = 0; a < 2; a++) {
-        const uint32_t a0 = word_of(wcur[4 * a], wcur[4 * a + 1], 2 * s);
-        const uint32_t a1 = word_of(wcur[4 * a + 2], wcur[4 * a + 3], 2 * s);
-        const uint32_t a2 = word_of(wcur[4 * a], wcur[4 * a + 1], 2 * s + 1);
-        const uint32_t a3 = word_of(wcur[4 * a + 2], wcur[4 * a + 3], 2 * s + 1);
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][2], b1[j][2]);
-          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][1], b1[j][1]);
-          mma_bf16(cacc[a][j], a0, a1, a2, a3, b0[j][0], b1[j][0]);
-        }
-      }
-    }
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[a][j][e] = __fadd_rn(acc[a][j][e], cacc[a][j][e]);
+    tc_chunk<NT>(wcur, xp, xv, cc * 64, acc);
     if (cc == nch - 1 || i == i1 - 1) {
       sk_flush<NT>(P, ct, cs, cc, first_tile, gw, g, t, lane, acc);
 #pragma unroll
@@ -472,9 +462,9 @@ __global__ void __launch_bounds__(kSkrWarps * 32, NT == 1 ? 2 : 1) gemv_skr_kern
 constexpr int kSlicesSched = 1, kSkrSched = 2, kHybSched = 3;
 constexpr int kDefaultSched = kSlicesSched;
 
-template <int NT>
+template <int NT, bool TL>
 void skr_launch(const SkParams& P, cudaStream_t st) {
-  launch_k(gemv_skr_kernel<NT>, dim3(static_cast<unsigned>((P.W + kSkrWarps - 1) / kSkrWarps)), dim3(kSkrWarps * 32), 0,
+  launch_k(gemv_skr_kernel<NT, TL>, dim3(static_cast<unsigned>((P.W + kSkrWarps - 1) / kSkrWarps)), dim3(kSkrWarps * 32), 0,
            st, P);
 }
 
@@ -496,6 +486,42 @@ int auto_sched() {
 }
 
 }  // namespace
+
+namespace {
+// One 16-byte vector of the tiled layout per thread: vector d is lane d % 32 of load (d / 32) % 8
+// of chunk block d / 256 = tile * nch + chunk (see kernels.h); load v = 2i + h of lane (g, t)
+// holds row tile * 32 + 16 (i / 2) + g + 8 (i % 2), columns chunk * 64 + 16 t + 8 h .. + 8, as
+// gemv_tc_kernel's row-major loads do.
+__global__ void tc_relayout_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, int64_t rows, int64_t cols,
+                                   int64_t nvec) {
+  pdl_wait();  // no early trigger: the result is a weight (see device_common.cuh)
+  const int64_t nch = cols / 64;
+  for (int64_t d = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; d < nvec;
+       d += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int lane = static_cast<int>(d & 31), v = static_cast<int>((d >> 5) & 7);
+    const int64_t blk = d >> 8, ch = blk % nch, tile = blk / nch;
+    const int i = v >> 1, h = v & 1, g = lane >> 2, t = lane & 3;
+    const int64_t r = tile * 32 + 16 * (i >> 1) + g + 8 * (i & 1);
+    const int64_t c = ch * 64 + 16 * t + 8 * h;
+    dst[d] = r < rows ? src[(r * cols + c) / 8] : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+}  // namespace
+
+size_t gemv_tc_tiled_bytes(int64_t rows, int64_t cols) {
+  return static_cast<size_t>((rows + 31) / 32) * 32 * static_cast<size_t>(cols) * 2;
+}
+
+void gemv_tc_relayout(const void* src, void* dst, int64_t rows, int64_t cols, cudaStream_t st) {
+  if (rows <= 0 || cols <= 0 || cols % 64 != 0 || (reinterpret_cast<uintptr_t>(src) & 15) || (reinterpret_cast<uintptr_t>(dst) & 15))
+    backend_fail("cuda gemv relayout: %lld x %lld (cols must be a multiple of 64, buffers 16-byte aligned)",
+                 (long long)rows, (long long)cols);
+  const int64_t nvec = static_cast<int64_t>(gemv_tc_tiled_bytes(rows, cols) / 16);
+  const int64_t blocks = std::min<int64_t>((nvec + 255) / 256, 132 * 32);
+  launch_k(tc_relayout_kernel, dim3(static_cast<unsigned>(blocks)), dim3(256), 0, st, static_cast<const uint4*>(src),
+           static_cast<uint4*>(dst), rows, cols, nvec);
+  QF_CUDA_LAUNCH_CHECK("tc_relayout_kernel");
+}
 
 bool gemv_tc_eligible(const WeightRef& W) {
   return W.dtype == DType::BF16 && W.cols % 64 == 0 && (reinterpret_cast<uintptr_t>(W.data) & 15) == 0 &&
@@ -530,7 +556,7 @@ void gemv_scratch_create(GemvScratch& s) {
   QF_CUDA_CHECK(cudaGetDevice(&dev));
   QF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   int nb = 0;
-  QF_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemv_skr_kernel<1>, kSkrWarps * 32, 0));
+  QF_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, gemv_skr_kernel<1, false>, kSkrWarps * 32, 0));
   const int maxw = (nb > 0 ? nb : 1) * kSkrWarps * sms;
   s.warps = maxw;
   s.max_warps = maxw;
@@ -570,8 +596,10 @@ void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const fl
   if (n < 1 || n > kTcMaxSeg) backend_fail("cuda matmul (tc): %d weights in one group (1..%d)", n, kTcMaxSeg);
   if (sched < 0 || sched >= gemv_tc_sched_count()) backend_fail("cuda matmul (tc): no schedule %d", sched);
   int64_t tiles = 0;
+  const bool tiled = Ws[0]->layout == WeightRef::kTc32x64;
   for (int i = 0; i < n; i++) {
     if (Ws[i]->cols != Ws[0]->cols) backend_fail("cuda matmul (tc): grouped weights differ in cols");
+    if (Ws[i]->layout != Ws[0]->layout) backend_fail("cuda matmul (tc): grouped weights differ in layout");
     tiles += (Ws[i]->rows + 31) / 32;
   }
   int mode = sched;
@@ -588,6 +616,14 @@ void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const fl
   }
   if (mode >= 2 && (!sc || !sc->part || tiles > sc->max_tiles))
     backend_fail("cuda matmul (tc): stream-K schedule without a scratch for %lld tiles", (long long)tiles);
+  // Profiler tag (qflash bench --profile): the shape, the rows and the schedule of each launch.
+  auto tag = [&](int mg) {
+    if (!prof_on()) return;
+    std::string r;
+    for (int i = 0; i < n; i++) r += fmt_str(i ? "+%lld" : "%lld", (long long)Ws[i]->rows);
+    prof_tag("%s x %lld, M=%d, %s%s", r.c_str(), (long long)Ws[0]->cols, mg, gemv_tc_sched_name(mode),
+             tiled ? ", tiled" : "");
+  };
 
   if (mode == kSkrSched) {
     SkParams P{};
@@ -615,10 +651,11 @@ void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const fl
       P.M = mg;
       P.x = x + static_cast<size_t>(g0) * x_ld;
       for (int i = 0; i < n; i++) P.y[i] = ys[i] + static_cast<size_t>(g0) * Ws[i]->rows;
+      tag(mg);
       if (mg <= 8)
-        skr_launch<1>(P, st);
+        tiled ? skr_launch<1, true>(P, st) : skr_launch<1, false>(P, st);
       else
-        skr_launch<2>(P, st);
+        tiled ? skr_launch<2, true>(P, st) : skr_launch<2, false>(P, st);
       QF_CUDA_LAUNCH_CHECK("gemv_skr_kernel");
     }
     return;
@@ -646,12 +683,13 @@ void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const fl
     P.M = mg;
     P.x = x + static_cast<size_t>(g0) * x_ld;
     for (int i = 0; i < n; i++) P.y[i] = ys[i] + static_cast<size_t>(g0) * Ws[i]->rows;
+    tag(mg);
     if (mg <= 8) {
       const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 1 * 4 * 32 * sizeof(float) : 0;
-      launch_k(gemv_tc_kernel<1>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
+      launch_k(tiled ? gemv_tc_kernel<1, true> : gemv_tc_kernel<1, false>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
     } else {
       const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 2 * 4 * 32 * sizeof(float) : 0;
-      launch_k(gemv_tc_kernel<2>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
+      launch_k(tiled ? gemv_tc_kernel<2, true> : gemv_tc_kernel<2, false>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
     }
     QF_CUDA_LAUNCH_CHECK("gemv_tc_kernel");
   }

@@ -54,6 +54,15 @@ void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cuda
 // is chosen from the group's total rows and cols (shape-only).
 void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
                    cudaStream_t st, const GemvScratch* sc = nullptr, int sched = 0, int force_ks = 0);
+// The tensor-core GEMV's own weight layout (WeightRef::kTc32x64): for every 32-row tile and
+// 64-column chunk, the 4 KB the tile's warp reads for that chunk lie contiguously, in the order
+// its lanes load them (8 loads of 512 bytes, one 16-byte vector per lane), chunks of a tile one
+// after another; the rows are padded with zeros to a multiple of 32. Same values, same
+// arithmetic: only the addresses change (one contiguous stream per warp instead of 32 rows
+// 10 KB apart).
+size_t gemv_tc_tiled_bytes(int64_t rows, int64_t cols);
+// src: row-major bf16 [rows, cols] (gemv_tc_eligible); dst: gemv_tc_tiled_bytes(rows, cols).
+void gemv_tc_relayout(const void* src, void* dst, int64_t rows, int64_t cols, cudaStream_t st);
 int gemv_tc_sched_count();
 const char* gemv_tc_sched_name(int sched);
 bool gemv_tc_enabled();
