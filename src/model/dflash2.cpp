@@ -199,7 +199,8 @@ void DFlash2Drafter::append_context(const float* tap_rows, int n, int pos, const
   }
 }
 
-void DFlash2Drafter::layer_forward(DFlashLayer& L, float* h, int rows, const DumpHook* dump, int l) {
+const float* DFlash2Drafter::layer_forward(DFlashLayer& L, float* h, int rows, const DumpHook* dump, int l,
+                                           const float* pending, bool defer) {
   const int H = cfg_.hidden_size, I = cfg_.intermediate_size, nh = cfg_.num_attention_heads,
             nkv = cfg_.num_key_value_heads, hd = cfg_.head_dim, Kc = cfg_.conv_kernel_size,
             gs = cfg_.conv_group_size;
@@ -207,7 +208,10 @@ void DFlash2Drafter::layer_forward(DFlashLayer& L, float* h, int rows, const Dum
   const StepMeta* dm = reinterpret_cast<const StepMeta*>(meta_.get());
   const size_t MH = static_cast<size_t>(rows) * H;
   // attention sublayer, wrapped by the dynamic conv (prepare on its input, finish on its output)
-  be_->rmsnorm(h, L.in_norm.ptr(), u_.f(), rows, H, eps);
+  if (pending)
+    be_->add_rmsnorm(h, pending, L.in_norm.ptr(), u_.f(), rows, H, eps);
+  else
+    be_->rmsnorm(h, L.in_norm.ptr(), u_.f(), rows, H, eps);
   float* x = u_.f();
   if (cfg_.is_v2) {
     be_->matmul(L.attn_kp, u_.f(), D_.f(), rows);
@@ -239,9 +243,8 @@ void DFlash2Drafter::layer_forward(DFlashLayer& L, float* h, int rows, const Dum
     be_->dyn_conv(o_.f(), L.attn_base.f() + static_cast<size_t>(Kc) * H, D_.f(), o2_.f(), rows, H, Kc, gs, 1);
     a = o2_.f();
   }
-  be_->add(h, a, MH);
-  // MLP sublayer
-  be_->rmsnorm(h, L.post_norm.ptr(), u_.f(), rows, H, eps);
+  // MLP sublayer (the attention branch is added to h inside the norm)
+  be_->add_rmsnorm(h, a, L.post_norm.ptr(), u_.f(), rows, H, eps);
   x = u_.f();
   if (cfg_.is_v2) {
     be_->matmul(L.mlp_kp, u_.f(), D_.f(), rows);
@@ -260,8 +263,10 @@ void DFlash2Drafter::layer_forward(DFlashLayer& L, float* h, int rows, const Dum
     be_->dyn_conv(o_.f(), L.mlp_base.f() + static_cast<size_t>(Kc) * H, D_.f(), o2_.f(), rows, H, Kc, gs, 1);
     a = o2_.f();
   }
+  if (defer) return a;  // added by the next layer's add_rmsnorm (o_ / o2_ are untouched until then)
   be_->add(h, a, MH);
   if (dump && *dump) (*dump)("drafter.layer." + std::to_string(l) + ".out", h, MH);
+  return nullptr;
 }
 
 void DFlash2Drafter::draft(int32_t anchor, int start, int k, int32_t* drafts, const DumpHook* dump) {
@@ -290,7 +295,11 @@ void DFlash2Drafter::draft_ops(int k, const DumpHook* dump) {
   be_->embed(embed_, ids_.i(), h, rows);
   if (cfg_.input_embedding_scale != 1.0)
     be_->scale(h, static_cast<float>(cfg_.input_embedding_scale), static_cast<size_t>(rows) * H);
-  for (size_t l = 0; l < layers_.size(); l++) layer_forward(layers_[l], h, rows, dump, static_cast<int>(l));
+  const float* pending = nullptr;
+  const bool dumping = dump && *dump;  // per-layer outputs wanted: every layer finishes its own add
+  for (size_t l = 0; l < layers_.size(); l++)
+    pending = layer_forward(layers_[l], h, rows, dump, static_cast<int>(l), pending,
+                            !dumping && l + 1 < layers_.size());
   // Rows 1..k carry the drafts; row 0 (the anchor) yields none.
   be_->rmsnorm(h + H, norm_.ptr(), hf_.f(), k, H, static_cast<float>(cfg_.rms_norm_eps));
   be_->matmul(lm_head_, hf_.f(), logits_.f(), k);

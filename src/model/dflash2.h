@@ -69,7 +69,11 @@ class DFlash2Drafter {
   void compact(int incoming);
   void draft_ops(int k, const DumpHook* dump);  // the draft pass's ops (a graph records them)
   std::vector<float> codebook_row(const WeightRef& w, int32_t row) const;
-  void layer_forward(DFlashLayer& L, float* h, int rows, const DumpHook* dump, int l);
+  // pending: the previous layer's last residual branch, added to h inside this layer's input norm
+  // (Backend::add_rmsnorm); with defer the layer leaves its own last add to the caller and
+  // returns that branch (nullptr otherwise).
+  const float* layer_forward(DFlashLayer& L, float* h, int rows, const DumpHook* dump, int l, const float* pending,
+                             bool defer);
   Backend* be_ = nullptr;
   WeightRef embed_, lm_head_;  // borrowed from the target
   DrafterConfig cfg_;

@@ -60,6 +60,13 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
+// Asks L2 for the line holding p (no data returned, nothing to wait for). Used before
+// pdl_wait() on buffers an earlier kernel may still write: the line is coherent in L2 either way,
+// and the address translation and first fetch overlap the previous kernel's tail.
+__device__ __forceinline__ void touch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Every kernel launch of the backend: the ordinary launch, or with programmatic dependent launch
 // when QFLASH_PDL=1 (pdl_enabled(), cuda_util.h). Every kernel launched here calls pdl_trigger()
 // and then pdl_wait() before it touches memory that an earlier kernel may write, so PDL overlaps

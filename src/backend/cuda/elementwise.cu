@@ -66,19 +66,32 @@ __device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
 // loop's loads above its stores). Same arithmetic, same order as the loops above.
 constexpr int kNormPer = 32;
 
+// Before pdl_wait(): the norm weights (weights are never written by a kernel in flight) and a
+// touch of the row's pages; the row itself only after.
 template <bool WARP_ROWS, bool GATED>
 __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, const float* gate,
                                                              const float* __restrict__ w, float* y, int rows, int n,
                                                              float eps) {
   pdl_trigger();
-  pdl_wait();
   __shared__ float sh[kBlock / 32];
   const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
-  if (r >= rows) return;  // uniform per warp (WARP_ROWS) or per block
+  if (r >= rows) {  // uniform per warp (WARP_ROWS) or per block
+    pdl_wait();
+    return;
+  }
   const float* xr = x + static_cast<size_t>(r) * n;
   float* yr = y + static_cast<size_t>(r) * n;
   const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
   const int step = WARP_ROWS ? 32 : kBlock;
+  float wv[kNormPer];
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++) wv[k] = w && t0 + k * step < n ? w[t0 + k * step] : 1.0f;
+  if (t0 == 0) {
+    touch_l2(xr);
+    touch_l2(yr);
+    if (GATED) touch_l2(gate + static_cast<size_t>(r) * n);
+  }
+  pdl_wait();
   float v[kNormPer], gv[GATED ? kNormPer : 1];
 #pragma unroll
   for (int k = 0; k < kNormPer; k++) {
@@ -95,11 +108,10 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, con
   for (int k = 0; k < kNormPer; k++) {
     const int i = t0 + k * step;
     if (i >= n) break;
-    const float wi = w ? w[i] : 1.0f;
     if constexpr (GATED)
-      yr[i] = __fmul_rn(__fmul_rn(wi, __fmul_rn(v[k], inv)), silu_f(gv[k]));
+      yr[i] = __fmul_rn(__fmul_rn(wv[k], __fmul_rn(v[k], inv)), silu_f(gv[k]));
     else
-      yr[i] = __fmul_rn(__fmul_rn(v[k], inv), wi);
+      yr[i] = __fmul_rn(__fmul_rn(v[k], inv), wv[k]);
   }
 }
 
@@ -108,15 +120,26 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const
                                                                  const float* __restrict__ w, float* y, int rows,
                                                                  int n, float eps) {
   pdl_trigger();
-  pdl_wait();
   __shared__ float sh[kBlock / 32];
   const int r = WARP_ROWS ? blockIdx.x * (kBlock / 32) + (threadIdx.x >> 5) : blockIdx.x;
-  if (r >= rows) return;
+  if (r >= rows) {
+    pdl_wait();
+    return;
+  }
   float* hr = h + static_cast<size_t>(r) * n;
   const float* rr = res + static_cast<size_t>(r) * n;
   float* yr = y + static_cast<size_t>(r) * n;
   const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
   const int step = WARP_ROWS ? 32 : kBlock;
+  float wv[kNormPer];  // as in rmsnorm_reg_kernel: weights and page touches before the wait
+#pragma unroll
+  for (int k = 0; k < kNormPer; k++) wv[k] = w && t0 + k * step < n ? w[t0 + k * step] : 1.0f;
+  if (t0 == 0) {
+    touch_l2(hr);
+    touch_l2(rr);
+    touch_l2(yr);
+  }
+  pdl_wait();
   float v[kNormPer], rv[kNormPer];
 #pragma unroll
   for (int k = 0; k < kNormPer; k++) {
@@ -136,7 +159,7 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const
     const int i = t0 + k * step;
     if (i >= n) break;
     hr[i] = v[k];
-    yr[i] = __fmul_rn(__fmul_rn(v[k], inv), w ? w[i] : 1.0f);
+    yr[i] = __fmul_rn(__fmul_rn(v[k], inv), wv[k]);
   }
 }
 
