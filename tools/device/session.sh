@@ -98,7 +98,7 @@ want benchdemo && QFLASH_CUDA_GRAPHS=0 step benchdemo_nograph 60 plain "$BIN/qfl
 want bench27fma && QFLASH_GEMV=fma step bench27fma 120 plain "$BIN/qflash" bench --device cuda \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json --force-accept 4 --gen 32 --reps 5 --no-mtp
 # A short 27B bench (plain, DFlash2 at forced 4 of 7) for A/B runs under an environment switch
-# set by the caller (QFLASH_GEMV=tc, QFLASH_PDL=1, ...), with TAG naming the run.
+# set by the caller (QFLASH_GEMV=tc, QFLASH_PDL=0, QFLASH_TC_LAYOUT=row, ...), with TAG naming the run.
 want bench27s && step bench27s 120 plain "$BIN/qflash" bench --device cuda \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \

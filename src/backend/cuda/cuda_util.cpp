@@ -43,10 +43,10 @@ void cuda_fail(cudaError_t e, const char* what, const char* file, int line) {
                                           cudaGetErrorString(e)));
 }
 
-bool pdl_enabled() {
+bool pdl_enabled() {  // on unless QFLASH_PDL=0
   static const bool on = [] {
     const char* e = std::getenv("QFLASH_PDL");
-    return e && std::strcmp(e, "1") == 0;
+    return !(e && std::strcmp(e, "0") == 0);
   }();
   return on;
 }

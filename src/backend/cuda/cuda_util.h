@@ -18,7 +18,7 @@ std::string fmt_str(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 [[noreturn]] void cuda_fail(cudaError_t e, const char* what, const char* file, int line);
 
-// QFLASH_PDL=1: kernels are launched with programmatic dependent launch (device_common.cuh).
+// Kernels are launched with programmatic dependent launch (device_common.cuh) unless QFLASH_PDL=0.
 bool pdl_enabled();
 
 // Kernel profiler (`qflash bench --profile`, the GEMV bench): while it is on, launch_k brackets

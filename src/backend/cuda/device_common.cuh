@@ -46,7 +46,7 @@ __device__ __forceinline__ float deq4(uint32_t q, float s, float b) { return __f
 
 // Programmatic dependent launch (Hopper). pdl_trigger(): a kernel lets the next kernel in the
 // stream be scheduled now, if that kernel was launched with the programmatic attribute
-// (launch_k sets it on every launch when QFLASH_PDL=1); the next kernel still sees none of this kernel's writes until it
+// (launch_k sets it on every launch unless QFLASH_PDL=0); the next kernel still sees none of this kernel's writes until it
 // has called pdl_wait(), which returns when every earlier kernel has completed and flushed. Both
 // are no-ops for a kernel launched the ordinary way.
 __device__ __forceinline__ void pdl_trigger() {
@@ -68,12 +68,13 @@ __device__ __forceinline__ void touch_l2(const void* p) {
 }
 
 // Every kernel launch of the backend: the ordinary launch, or with programmatic dependent launch
-// when QFLASH_PDL=1 (pdl_enabled(), cuda_util.h). Every kernel launched here calls pdl_trigger()
+// unless QFLASH_PDL=0 (pdl_enabled(), cuda_util.h). Every kernel launched here calls pdl_trigger()
 // and then pdl_wait() before it touches memory that an earlier kernel may write, so PDL overlaps
-// a kernel's launch and scheduling with its predecessor's tail. The one exception: the
-// tensor-core GEMVs issue their first weight loads before pdl_wait() (weights are written only
-// by uploads and by fill_random, which does not trigger early, so no weight is still being
-// written when a later kernel starts).
+// a kernel's launch and scheduling with its predecessor's tail. The exceptions read weights
+// before pdl_wait(): the tensor-core GEMVs (their first chunk), the norms (the norm vector) and
+// the GDN conv (its taps). Weights are written only by uploads (copies, which never overlap a
+// kernel) and by fill_random and the GEMV relayout, which do not trigger early, so no weight
+// is still being written when a later kernel starts.
 template <class... Exp, class... Act>
 void launch_k(void (*kernel)(Exp...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, Act&&... args) {
   cudaLaunchConfig_t cfg{};

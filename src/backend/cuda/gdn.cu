@@ -30,15 +30,15 @@ __global__ void gdn_conv_kernel(const float* __restrict__ mixed, const float* __
                                 float* __restrict__ u, float* __restrict__ capture, size_t cap_stride, size_t s_floats,
                                 int C, int K, int M) {
   pdl_trigger();
-  pdl_wait();
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  float w[kConvMax];  // conv weights before the wait: no kernel in flight writes weights
+#pragma unroll
+  for (int j = 0; j < kConvMax; j++) w[j] = c < C && j < K ? conv_w[static_cast<size_t>(c) * K + j] : 0.0f;
+  pdl_wait();
   if (c >= C) return;
   float win[kConvMax - 1];
-  float w[kConvMax];
 #pragma unroll
   for (int j = 0; j < kConvMax - 1; j++) win[j] = j < K - 1 ? tail[static_cast<size_t>(j) * C + c] : 0.0f;
-#pragma unroll
-  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? conv_w[static_cast<size_t>(c) * K + j] : 0.0f;
   float wlast = 0.0f;
 #pragma unroll
   for (int j = 0; j < kConvMax; j++)
