@@ -79,6 +79,26 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
       const int64_t cbase = c * kAttnChunk;
       const int64_t j0 = cbase > lo ? cbase : lo;
       const int64_t j1 = cbase + kAttnChunk < hi ? cbase + kAttnChunk : hi;
+      // L2 prefetch (no data, no change to the arithmetic): this chunk's V rows, read after the
+      // scores, and the next chunk's K rows, so the serial chunk walk of a long context finds
+      // them in L2 instead of HBM. Only where this split has a next chunk (a long context: up to
+      // 1024 keys every split has at most one), and only the block of row 0 and the group's
+      // first head (the other heads and rows read the same lines). A prefetch never changes a
+      // result, so these choices cannot break row-invariance.
+      if (m == 0 && h % G.group == 0 && c + kAttnSplits < c_hi) {
+        const int lines = (hd * 4 + 127) / 128;  // 128-byte lines per key row of one kv head
+        const int64_t jn0 = cbase + static_cast<int64_t>(kAttnSplits) * kAttnChunk;  // this split's next chunk
+        const int64_t jn1 = jn0 + kAttnChunk < hi ? jn0 + kAttnChunk : hi;
+        for (int L = threadIdx.x; L < 2 * kAttnChunk * lines; L += kThreads) {
+          const bool next = L >= kAttnChunk * lines;
+          const int LL = next ? L - kAttnChunk * lines : L;
+          const int64_t j = (next ? jn0 : cbase) + LL / lines;
+          if (next ? (j < jn1) : (j >= j0 && j < j1)) {
+            const float* base = next ? K : V;
+            touch_l2(base + static_cast<size_t>(j) * G.kvw + static_cast<size_t>(g) * hd + 32 * (LL % lines));
+          }
+        }
+      }
       // scores: one warp per key (keys warp, warp + kWarps, ...), lanes over the head dimension
       // (d = lane, lane + 32, ... in order), then a fixed tree. The keys of a warp go in batches of
       // kKeyBatch whose loads are all issued before the first product (latency, not bandwidth,
