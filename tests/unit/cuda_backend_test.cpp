@@ -74,6 +74,20 @@ void poison(Backend* be, void* p, size_t bytes) {
   std::vector<uint8_t> h(bytes, 0xff);
   be->upload(p, h.data(), bytes);
 }
+// Poisoned outputs of M rows for each weight of a group (rows[i] columns each), and their pointers.
+struct GroupOut {
+  std::vector<DeviceBuffer> dy;
+  std::vector<float*> yp;
+};
+GroupOut group_out(Backend* be, const std::vector<int64_t>& rows, int M) {
+  GroupOut o;
+  for (int64_t r : rows) {
+    o.dy.emplace_back(be, static_cast<size_t>(M) * r * sizeof(float));
+    poison(be, o.dy.back().get(), o.dy.back().bytes());
+    o.yp.push_back(o.dy.back().f());
+  }
+  return o;
+}
 bool same_bits(const std::vector<float>& a, const float* b, size_t n) {
   return a.size() >= n && std::memcmp(a.data(), b, n * sizeof(float)) == 0;
 }
@@ -361,13 +375,7 @@ TEST(CudaMatmul, GroupMatchesCpuAndRowInvariant) {
     std::vector<std::vector<float>> one(n);  // every row alone
     for (int i = 0; i < n; i++) one[i].resize(static_cast<size_t>(maxM) * cs.rows[i]);
     for (int m = 0; m < maxM; m++) {
-      std::vector<DeviceBuffer> dy;
-      std::vector<float*> yp;
-      for (int i = 0; i < n; i++) {
-        dy.emplace_back(G, cs.rows[i] * sizeof(float));
-        poison(G, dy.back().get(), dy.back().bytes());
-        yp.push_back(dy.back().f());
-      }
+      auto [dy, yp] = group_out(G, cs.rows, 1);
       G->matmul_group(wp.data(), yp.data(), n, dx.f() + static_cast<size_t>(m) * cs.cols, 1);
       for (int i = 0; i < n; i++) {
         auto r = down<float>(G, dy[i].get(), cs.rows[i]);
@@ -375,13 +383,7 @@ TEST(CudaMatmul, GroupMatchesCpuAndRowInvariant) {
       }
     }
     for (int M : {1, 2, 5, 8, 9, 16, 21}) {
-      std::vector<DeviceBuffer> dy;
-      std::vector<float*> yp;
-      for (int i = 0; i < n; i++) {
-        dy.emplace_back(G, static_cast<size_t>(M) * cs.rows[i] * sizeof(float));
-        poison(G, dy.back().get(), dy.back().bytes());
-        yp.push_back(dy.back().f());
-      }
+      auto [dy, yp] = group_out(G, cs.rows, M);
       G->matmul_group(wp.data(), yp.data(), n, dx.f(), M);
       for (int i = 0; i < n; i++) {
         auto got = down<float>(G, dy[i].get(), static_cast<size_t>(M) * cs.rows[i]);
@@ -500,13 +502,7 @@ TEST(CudaMatmul, TcSchedulesMatchCpuAndRowInvariant) {
                                std::to_string(cs.cols) + (n > 1 ? " group" : "");
       // run(M, off): rows off .. off + M - 1 of x through the schedule, outputs downloaded
       auto run = [&](int M, int off, bool tiled = false) {
-        std::vector<DeviceBuffer> dy;
-        std::vector<float*> yp;
-        for (int i = 0; i < n; i++) {
-          dy.emplace_back(G, static_cast<size_t>(M) * cs.rows[i] * sizeof(float));
-          poison(G, dy.back().get(), dy.back().bytes());
-          yp.push_back(dy.back().f());
-        }
+        auto [dy, yp] = group_out(G, cs.rows, M);
         G->sync();
         cuda::gemv_tc_group(tiled ? wtp.data() : wp.data(), yp.data(), n, dx.f() + static_cast<size_t>(off) * cs.cols,
                             static_cast<int>(cs.cols), M, st, &sc, sched);
