@@ -6,6 +6,7 @@
 // sizes, against a plain streaming read.
 // Weights are rotated over several buffers whose total exceeds the L2 several times, so the
 // numbers are HBM numbers; times are medians of CUDA-event-timed launches after warm-up.
+// It times what the backend runs; schedule experiments are in the kernel lab (lab_gemv_*.cu).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -17,17 +18,13 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_util.h"
-#include "backend/cuda/kernels.h"
+#include "bench_util.cuh"
 
 using namespace qf;
 using namespace qf::cuda;
+using namespace qf::bench;
 
 namespace {
-
-int g_reps = 30;
-cudaStream_t g_st;
-GemvScratch g_sc;
 
 #define CUBLAS_OK(x)                                                                 \
   do {                                                                               \
@@ -37,142 +34,6 @@ GemvScratch g_sc;
       std::exit(1);                                                                  \
     }                                                                                \
   } while (0)
-
-// Median time in microseconds of `fn(i)` over g_reps launches (i = rep index), after 3 warm-ups.
-template <class F>
-double median_us(F&& fn) {
-  for (int i = 0; i < 3; i++) fn(i);
-  std::vector<cudaEvent_t> ev(2 * g_reps);
-  for (auto& e : ev) QF_CUDA_CHECK(cudaEventCreate(&e));
-  for (int i = 0; i < g_reps; i++) {
-    QF_CUDA_CHECK(cudaEventRecord(ev[2 * i], g_st));
-    fn(i);
-    QF_CUDA_CHECK(cudaEventRecord(ev[2 * i + 1], g_st));
-  }
-  QF_CUDA_CHECK(cudaStreamSynchronize(g_st));
-  std::vector<double> t(g_reps);
-  for (int i = 0; i < g_reps; i++) {
-    float ms = 0;
-    QF_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]));
-    t[i] = ms * 1e3;
-  }
-  for (auto& e : ev) cudaEventDestroy(e);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-// Back-to-back: mean microseconds per call over `n` calls between one event pair (how launches
-// follow each other inside a model step), after 3 warm-ups.
-template <class F>
-double b2b_us(F&& fn, int n = 24) {
-  for (int i = 0; i < 3; i++) fn(i);
-  cudaEvent_t a, b;
-  QF_CUDA_CHECK(cudaEventCreate(&a));
-  QF_CUDA_CHECK(cudaEventCreate(&b));
-  double best = 1e30;
-  for (int rep = 0; rep < 3; rep++) {
-    QF_CUDA_CHECK(cudaEventRecord(a, g_st));
-    for (int i = 0; i < n; i++) fn(i);
-    QF_CUDA_CHECK(cudaEventRecord(b, g_st));
-    QF_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    QF_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    best = std::min(best, ms * 1e3 / n);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return best;
-}
-
-// Read-only streaming: the ceiling for a kernel that only reads (a GEMV reads its weights).
-__global__ void read_kernel(const uint4* __restrict__ p, size_t n, unsigned* sink) {
-  unsigned acc = 0;
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p + i));
-    acc ^= v.x ^ v.y ^ v.z ^ v.w;
-  }
-  if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
-}
-
-void* dmalloc(size_t bytes) {
-  void* p = nullptr;
-  QF_CUDA_CHECK(cudaMalloc(&p, bytes));
-  return p;
-}
-
-struct Ceil {
-  double copy_gbs = 0, read_gbs = 0;
-};
-
-Ceil ceilings() {
-  const size_t bytes = size_t(2) << 30;
-  void* a = dmalloc(bytes);
-  void* b = dmalloc(bytes);
-  unsigned* sink = static_cast<unsigned*>(dmalloc(4));
-  fill_random(a, bytes / 4, DType::F32, 1, 1.0f, g_st);
-  Ceil c;
-  const double tc = median_us([&](int) { QF_CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, g_st)); });
-  c.copy_gbs = 2.0 * bytes / (tc * 1e-6) / 1e9;
-  int sms = 0;
-  QF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const double tr = median_us([&](int) {
-    read_kernel<<<sms * 8, 512, 0, g_st>>>(static_cast<const uint4*>(a), bytes / 16, sink);
-  });
-  c.read_gbs = bytes / (tr * 1e-6) / 1e9;
-  cudaFree(a);
-  cudaFree(b);
-  cudaFree(sink);
-  return c;
-}
-
-struct Mat {
-  std::vector<WeightRef> w;  // rotating copies
-  std::vector<void*> owned;
-  size_t bytes = 0;          // bytes one call must read (weights + scales)
-};
-
-Mat make_mat(DType dt, int64_t rows, int64_t cols, int group = 64) {
-  Mat m;
-  int64_t per = dt == DType::U32 ? rows * cols / 2 + 2 * 2 * rows * (cols / group) : rows * cols * 2;
-  m.bytes = static_cast<size_t>(per);
-  const int nbuf = std::max<int>(2, static_cast<int>((size_t(400) << 20) / m.bytes) + 1);
-  for (int i = 0; i < std::min(nbuf, 64); i++) {
-    WeightRef w;
-    w.dtype = dt;
-    w.rows = rows;
-    w.cols = cols;
-    if (dt == DType::U32) {
-      const size_t nw = static_cast<size_t>(rows) * cols / 8, ng = static_cast<size_t>(rows) * (cols / group);
-      void* q = dmalloc(nw * 4);
-      void* s = dmalloc(ng * 2);
-      void* b = dmalloc(ng * 2);
-      fill_random(q, nw, DType::F32, 10 + i, 1.0f, g_st);  // any bits are valid nibbles
-      fill_random(s, ng, DType::BF16, 20 + i, 0.01f, g_st);
-      fill_random(b, ng, DType::BF16, 30 + i, 0.01f, g_st);
-      w.data = q;
-      w.scales = s;
-      w.biases = b;
-      w.group = group;
-      m.owned.insert(m.owned.end(), {q, s, b});
-    } else {
-      void* p = dmalloc(static_cast<size_t>(rows) * cols * 2);
-      fill_random(p, static_cast<size_t>(rows) * cols, DType::BF16, 40 + i, 0.02f, g_st);
-      w.data = p;
-      m.owned.push_back(p);
-    }
-    m.w.push_back(w);
-  }
-  return m;
-}
-
-void free_mat(Mat& m) {
-  for (void* p : m.owned) cudaFree(p);
-  m.owned.clear();
-}
 
 }  // namespace
 
@@ -189,95 +50,41 @@ int main(int argc, char** argv) {
     }
   }
   try {
-    int ndev = 0;
-    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
-      std::fprintf(stderr, "qflash_gemv_bench: no CUDA device\n");
-      return 1;
-    }
-    QF_CUDA_CHECK(cudaSetDevice(0));
-    cudaDeviceProp prop;
-    QF_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
-    QF_CUDA_CHECK(cudaStreamCreateWithFlags(&g_st, cudaStreamNonBlocking));
-    gemv_scratch_create(g_sc);
-    std::printf("device: %s, sm_%d%d, %d SMs, L2 %.0f MB, %.0f GB; reps %d (median)\n", prop.name, prop.major,
-                prop.minor, prop.multiProcessorCount, prop.l2CacheSize / 1e6, prop.totalGlobalMem / 1e9, g_reps);
-    const Ceil ce = ceilings();
-    std::printf("ceilings: device-to-device copy %.0f GB/s (read+write), streaming read %.0f GB/s\n\n", ce.copy_gbs,
-                ce.read_gbs);
+    Ceil ce;
+    if (!bench_init("qflash_gemv_bench", &ce)) return 1;
 
     if (sweep) {
       // Fixed cost per launch: back-to-back calls (rotating buffers, several times the L2) of a
-      // plain streaming read and of the M = 1 GEMV under each schedule, over a range of sizes;
+      // plain streaming read and of the M = 1 GEMV in each weight layout, over a range of sizes;
       // a least-squares line t = a + bytes / b per column gives the fixed cost a and the rate b.
-      int sms = 0;
-      QF_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+      // (The kernel lab's --sweep does the same for every schedule it keeps.)
       unsigned* sink = static_cast<unsigned*>(dmalloc(4));
       float* x = static_cast<float*>(dmalloc(size_t(16) * 32768 * 4));
       float* y = static_cast<float*>(dmalloc(size_t(16) * 262144 * 4));
       fill_random(x, size_t(16) * 32768, DType::F32, 99, 1.0f, g_st);
-      struct Sz {
-        int64_t rows, cols;
-      };
-      const std::vector<Sz> sizes = {{1024, 5120},  {2048, 5120},  {4096, 5120},  {5120, 6144},  {8192, 5120},
-                                     {5120, 17408}, {16384, 5120}, {17408, 5120}, {34816, 5120}, {65536, 5120},
-                                     {131072, 5120}};
-      const int nsched = gemv_tc_sched_count();
-      std::printf("%-14s %8s %9s %9s", "sweep rows x cols", "MB", "read_us", "read_GB/s");
-      for (int v = 1; v < nsched; v++) std::printf(" %8s_us %6s", gemv_tc_sched_name(v), "GB/s");
-      for (const char* n : {"t-sli", "t-skr"}) std::printf(" %8s_us %6s", n, "GB/s");
-      std::printf("\n");
-      std::vector<double> xs, tr;
-      std::vector<std::vector<double>> tg(nsched + 2);
-      for (const Sz& z : sizes) {
+      std::printf("%-14s %8s %9s %9s %11s %6s %11s %6s\n", "sweep rows x cols", "MB", "read_us", "read_GB/s", "row_us",
+                  "GB/s", "tiled_us", "GB/s");
+      std::vector<double> xs, tr, tg[2];
+      for (const Sz& z : sweep_sizes()) {
         Mat m = make_mat(DType::BF16, z.rows, z.cols);
+        std::vector<WeightRef> tw = tiled_copies(m);
         const int nb = static_cast<int>(m.w.size());
-        const double r = b2b_us([&](int i) {
-          read_kernel<<<sms * 8, 512, 0, g_st>>>(static_cast<const uint4*>(m.w[i % nb].data), m.bytes / 16, sink);
-        });
+        const double r = b2b_us([&](int i) { read_launch(m.w[i % nb].data, m.bytes, sink); });
         std::printf("%6lldx%-7lld %8.1f %9.2f %9.0f", (long long)z.rows, (long long)z.cols, m.bytes / 1e6, r,
                     m.bytes / (r * 1e-6) / 1e9);
         xs.push_back(static_cast<double>(m.bytes));
         tr.push_back(r);
-        for (int v = 1; v < nsched; v++) {
-          const double t = b2b_us([&](int i) { gemv_tc(m.w[i % nb], x, static_cast<int>(z.cols), y, 1, g_st, &g_sc, v); });
-          tg[v].push_back(t);
-          std::printf(" %11.2f %6.0f", t, m.bytes / (t * 1e-6) / 1e9);
+        for (int t = 0; t < 2; t++) {  // row-major, then the tiled layout (WeightRef::kTc32x64)
+          const double us = b2b_us([&](int i) { gemv(t ? tw[i % nb] : m.w[i % nb], x, static_cast<int>(z.cols), y, 1, g_st); });
+          tg[t].push_back(us);
+          std::printf(" %11.2f %6.0f", us, m.bytes / (us * 1e-6) / 1e9);
         }
-        // the same weights in the tensor-core kernel's tiled layout (WeightRef::kTc32x64)
-        std::vector<WeightRef> tw(m.w);
-        std::vector<void*> tbufs;
-        for (WeightRef& w : tw) {
-          void* p = dmalloc(gemv_tc_tiled_bytes(w.rows, w.cols));
-          gemv_tc_relayout(w.data, p, w.rows, w.cols, g_st);
-          w.data = p;
-          w.layout = WeightRef::kTc32x64;
-          tbufs.push_back(p);
-        }
-        for (int k = 0; k < 2; k++) {  // tiled: slices, skr
-          const double t = b2b_us([&](int i) { gemv_tc(tw[i % nb], x, static_cast<int>(z.cols), y, 1, g_st, &g_sc, 1 + k); });
-          tg[nsched + k].push_back(t);
-          std::printf(" %11.2f %6.0f", t, m.bytes / (t * 1e-6) / 1e9);
-        }
-        for (void* p : tbufs) cudaFree(p);
         std::printf("\n");
         free_mat(m);
       }
-      auto fit = [&](const std::vector<double>& t, const char* name) {
-        const double n = static_cast<double>(t.size());
-        double sx = 0, sy = 0, sxx = 0, sxy = 0;
-        for (size_t i = 0; i < t.size(); i++) {
-          sx += xs[i];
-          sy += t[i];
-          sxx += xs[i] * xs[i];
-          sxy += xs[i] * t[i];
-        }
-        const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx), icpt = (sy - slope * sx) / n;
-        std::printf("fit %-16s fixed %.2f us per launch, rate %.0f GB/s\n", name, icpt, 1e-3 / slope);
-      };
-      fit(tr, "read");
-      for (int v = 1; v < nsched; v++) fit(tg[v], gemv_tc_sched_name(v));
-      fit(tg[nsched], "tiled slices");
-      fit(tg[nsched + 1], "tiled skr");
+      print_fit(xs, tr, "read");
+      print_fit(xs, tg[0], "gemv row-major");
+      print_fit(xs, tg[1], "gemv tiled");
       cudaFree(sink);
       cudaFree(x);
       cudaFree(y);
@@ -327,7 +134,7 @@ int main(int argc, char** argv) {
       const int nb = static_cast<int>(m.w.size());
       double t1 = 0;
       for (int M : Ms) {
-        const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, &g_sc); });
+        const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st); });
         if (M == 1) t1 = t;
         double tc = NAN;
         if (xb) {
@@ -347,36 +154,15 @@ int main(int argc, char** argv) {
         std::printf("%s\n", line);
         summary.push_back(line);
       }
-      // tensor-core schedules (column slices vs the stream-K variants), GB/s of weight bytes
-      if (s.dt == DType::BF16 && gemv_tc_eligible(m.w[0])) {
+      // the same weights in the tensor-core GEMV's tiled layout, as the backend loads them
+      if (s.dt == DType::BF16 && gemv_tc_enabled() && gemv_tc_eligible(m.w[0])) {
+        std::vector<WeightRef> tw = tiled_copies(m);
+        std::printf("  tiled layout:");
         for (int M : Ms) {
-          std::printf("  tc schedules M=%-2d:", M);
-          for (int v = 1; v < gemv_tc_sched_count(); v++) {
-            const double t = median_us([&](int i) {
-              gemv_tc(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, &g_sc, v);
-            });
-            std::printf(" %s %.0f (%.1f%%);", gemv_tc_sched_name(v), m.bytes / (t * 1e-6) / 1e9,
-                        100.0 * m.bytes / (t * 1e-6) / 1e9 / ce.copy_gbs);
-          }
-          std::printf("\n");
+          const double t = median_us([&](int i) { gemv(tw[i % nb], x, static_cast<int>(s.cols), y, M, g_st); });
+          std::printf(" M=%d %.0f GB/s (%.1f%%);", M, m.bytes / (t * 1e-6) / 1e9, 100.0 * m.bytes / (t * 1e-6) / 1e9 / ce.copy_gbs);
         }
-      }
-      // schedule variants and forced column splits (bf16): which schedule streams best
-      if (!quick && s.dt == DType::BF16) {
-        for (int M : {1, 8, 16}) {
-          std::printf("  variants M=%d:", M);
-          for (int v = 0; v < gemv_variant_count(); v++) {
-            if (!gemv(m.w[0], x, static_cast<int>(s.cols), y, M, g_st, &g_sc, 0, v)) continue;  // not built at this M
-            const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, &g_sc, 0, v); });
-            std::printf(" %s %.0f GB/s;", gemv_variant_name(v), m.bytes / (t * 1e-6) / 1e9);
-          }
-          std::printf("\n  forced ks M=%d:", M);
-          for (int ks : {1, 2, 4, 8}) {
-            const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st, nullptr, ks); });
-            std::printf(" ks%d %.0f GB/s;", ks, m.bytes / (t * 1e-6) / 1e9);
-          }
-          std::printf("\n");
-        }
+        std::printf("\n");
       }
       if (xb) cudaFree(xb);
       cudaFree(x);
@@ -419,34 +205,64 @@ int main(int argc, char** argv) {
         cudaFree(p);
     }
     {
+      // Attention of one 27B layer (24 q heads, 4 kv heads x 256). Decode / verify: fp32 K/V takes
+      // the per-(head, row, split) kernel, bf16 K/V the grouped one (one block per kv group and
+      // split). Prefill: attention_prefill over a whole prompt of N rows (bf16 K/V).
       AttnParams p;
       p.n_heads = 24;
       p.n_kv_heads = 4;
       p.head_dim = 256;
       p.scale = 1.0f / 16.0f;
       p.causal = true;
-      for (int ctx : {1024, 8192, 32768}) {
-        const int M = 16, kvw = p.n_kv_heads * p.head_dim;
+      const int kvw = p.n_kv_heads * p.head_dim;
+      for (int ctx : {64, 1024, 8192, 32768}) {
+        const int M = 16;
         float* K = static_cast<float*>(dmalloc(static_cast<size_t>(ctx + M) * kvw * 4));
         float* V = static_cast<float*>(dmalloc(static_cast<size_t>(ctx + M) * kvw * 4));
         float* q = static_cast<float*>(dmalloc(static_cast<size_t>(M) * p.n_heads * p.head_dim * 4));
         float* o = static_cast<float*>(dmalloc(static_cast<size_t>(M) * p.n_heads * p.head_dim * 4));
         float* scr = static_cast<float*>(dmalloc(attention_scratch_floats(M, p.n_heads, p.head_dim) * 4));
         StepMeta* meta = static_cast<StepMeta*>(dmalloc(sizeof(StepMeta)));
-        fill_random(K, static_cast<size_t>(ctx + M) * kvw, DType::F32, 6, 1.0f, g_st);
-        fill_random(V, static_cast<size_t>(ctx + M) * kvw, DType::F32, 7, 1.0f, g_st);
         fill_random(q, static_cast<size_t>(M) * p.n_heads * p.head_dim, DType::F32, 8, 1.0f, g_st);
-        for (int Mi : {1, 8}) {
-          StepMeta hm{ctx, 0, ctx + Mi, 0};
-          QF_CUDA_CHECK(cudaMemcpy(meta, &hm, sizeof hm, cudaMemcpyHostToDevice));
-          const double t = median_us([&](int) { attention(q, K, V, o, Mi, p, meta, scr, g_st); });
-          const double kv_bytes = 2.0 * ctx * kvw * 4;
-          char name[64];
-          std::snprintf(name, sizeof name, "attention 24/4x256 ctx %d", ctx);
-          std::printf("%-40s %3d %10.1f   (K+V %.0f MB: %.0f GB/s)\n", name, Mi, t, kv_bytes / 1e6,
-                      kv_bytes / (t * 1e-6) / 1e9);
+        for (DType dt : {DType::F32, DType::BF16}) {
+          p.kv_dtype = dt;
+          // bf16 K/V reuse the same buffers (the first half of their bytes)
+          fill_random(K, static_cast<size_t>(ctx + M) * kvw, dt, 6, 1.0f, g_st);
+          fill_random(V, static_cast<size_t>(ctx + M) * kvw, dt, 7, 1.0f, g_st);
+          double t1 = 0;
+          for (int Mi : {1, 8}) {
+            StepMeta hm{ctx, 0, ctx + Mi, 0};
+            QF_CUDA_CHECK(cudaMemcpy(meta, &hm, sizeof hm, cudaMemcpyHostToDevice));
+            const double t = median_us([&](int) { attention(q, K, V, o, Mi, p, meta, scr, g_st); });
+            if (Mi == 1) t1 = t;
+            const double kv_bytes = 2.0 * ctx * kvw * (dt == DType::BF16 ? 2 : 4);
+            char name[64];
+            std::snprintf(name, sizeof name, "attention %s ctx %d", dt == DType::BF16 ? "bf16 grouped" : "f32 split", ctx);
+            std::printf("%-40s %3d %10.1f   (K+V %.0f MB: %.0f GB/s%s)\n", name, Mi, t, kv_bytes / 1e6,
+                        kv_bytes / (t * 1e-6) / 1e9, Mi == 8 ? (std::string(", verify/decode ") + std::to_string(t / t1)).c_str() : "");
+          }
         }
         for (void* ptr : {(void*)K, (void*)V, (void*)q, (void*)o, (void*)scr, (void*)meta}) cudaFree(ptr);
+      }
+      p.kv_dtype = DType::BF16;
+      for (int N : {2048, 8192}) {
+        uint16_t* K = static_cast<uint16_t*>(dmalloc(static_cast<size_t>(N) * kvw * 2));
+        uint16_t* V = static_cast<uint16_t*>(dmalloc(static_cast<size_t>(N) * kvw * 2));
+        float* q = static_cast<float*>(dmalloc(static_cast<size_t>(N) * p.n_heads * p.head_dim * 4));
+        float* o = static_cast<float*>(dmalloc(static_cast<size_t>(N) * p.n_heads * p.head_dim * 4));
+        StepMeta* meta = static_cast<StepMeta*>(dmalloc(sizeof(StepMeta)));
+        fill_random(K, static_cast<size_t>(N) * kvw, DType::BF16, 6, 1.0f, g_st);
+        fill_random(V, static_cast<size_t>(N) * kvw, DType::BF16, 7, 1.0f, g_st);
+        fill_random(q, static_cast<size_t>(N) * p.n_heads * p.head_dim, DType::F32, 8, 1.0f, g_st);
+        StepMeta hm{0, 0, N, 0};
+        QF_CUDA_CHECK(cudaMemcpy(meta, &hm, sizeof hm, cudaMemcpyHostToDevice));
+        const double t = median_us([&](int) { attention_prefill(q, K, V, o, N, p, meta, g_st); });
+        const double flop = 4.0 * p.n_heads * p.head_dim * (static_cast<double>(N) * N / 2);  // QK and PV, causal half
+        char name[64];
+        std::snprintf(name, sizeof name, "attention_prefill prompt %d", N);
+        std::printf("%-40s %5d %10.1f   (%.0f TFLOP/s useful; x16 layers: %.1f ms)\n", name, N, t, flop / (t * 1e-6) / 1e12,
+                    16 * t / 1e3);
+        for (void* ptr : {(void*)K, (void*)V, (void*)q, (void*)o, (void*)meta}) cudaFree(ptr);
       }
     }
     {

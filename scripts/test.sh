@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
+# The CUDA kernels must also compile for a consumer card (24 GB Ampere by default; 0 skips).
+if command -v nvcc >/dev/null 2>&1 && [ "${QFLASH_CUDA_CHECK_ARCH:-86}" != "0" ] && [ "${QFLASH_CUDA:-AUTO}" != "OFF" ]; then
+  cmake -S . -B build -DQFLASH_CUDA_CHECK_ARCH="${QFLASH_CUDA_CHECK_ARCH:-86}" >/dev/null
+  cmake --build build -j"${JOBS:-$(nproc)}" --target qflash_cuda_archcheck
+fi
 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} ctest --test-dir build --output-on-failure -j"${JOBS:-$(nproc)}" --timeout 1500
 if [ "${QFLASH_SKIP_ASAN:-0}" != "1" ]; then
   cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DQFLASH_SANITIZE=ON -DQFLASH_CUDA=OFF >/dev/null

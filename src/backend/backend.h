@@ -1,11 +1,11 @@
-// The narrow interface that model code is written against (ARCHITECTURE.md, "Backend
+// The narrow interface that model code is written against (docs/ARCHITECTURE.md, "Backend
 // interface"). CPU (backend/cpu) and CUDA (backend/cuda) implement every op.
 //
 // Conventions for every op:
 //  - activations, residuals and recurrent state are fp32, row-major, on the backend's memory;
 //  - weights are WeightRef: bf16 / f16 / f32, or packed int4 (group-affine, mlx layout);
 //  - "row-invariant": the result for row m is bit-identical whatever the row count M, so plain
-//    decode (M = 1) and verify (M = k+1) agree bit for bit (spec/speculative.md section 2);
+//    decode (M = 1) and verify (M = k+1) agree bit for bit (docs/spec/speculative.md section 2);
 //  - positions and counts that change from call to call are read from backend memory
 //    (`const int32_t*` arguments), never passed as scalars, so a captured CUDA graph can be
 //    replayed after the host updates them.
@@ -28,8 +28,10 @@ struct WeightRef {
   const void* biases = nullptr;  // int4 only: bf16 [rows, cols/group]; w = q*scale + bias
   int group = 0;                 // int4 group size (64 for mlx checkpoints)
   // Memory layout of data. kRowMajor everywhere except where a backend re-laid a matrix out for
-  // its own GEMV (Backend::prepare_matrix); such a weight is only ever passed to matmul.
-  static constexpr uint8_t kRowMajor = 0, kTc32x64 = 1;
+  // its own GEMV (Backend::relayout_matrix); such a weight is only ever passed to matmul.
+  // kTcQ4: int4 in the CUDA int4 tensor-core GEMV's tiles, scales and biases inside `data`
+  // (`scales`/`biases` are null).
+  static constexpr uint8_t kRowMajor = 0, kTc32x64 = 1, kTcQ4 = 2;
   uint8_t layout = kRowMajor;
   bool valid() const { return data != nullptr; }
 };
@@ -38,11 +40,14 @@ struct WeightRef {
 // position q_pos0 + m. Key j is visible to query m iff j < n_kv and
 //   causal:     kpos <= qpos                     (and qpos - kpos < window if window > 0)
 //   non-causal: |qpos - kpos| < window (window > 0), else all keys.
+// kv_dtype: the element type of the K and V buffers: F32, or BF16 (round-to-nearest-even on
+// kv_write, widened exactly on read); every other computation stays fp32.
 struct AttnParams {
   int n_heads = 0, n_kv_heads = 0, head_dim = 0;
   float scale = 0;
   bool causal = true;
   int window = 0;
+  DType kv_dtype = DType::F32;
 };
 
 // Per-step positions kept in backend memory. Written by the host before each forward.
@@ -90,6 +95,10 @@ class Backend {
   virtual void fill_random(void* dst, size_t n, DType dt, uint64_t seed, float scale) = 0;
   // Bytes of backend memory in use by this process (GPU: total - free), 0 if unknown.
   virtual size_t memory_used() const { return 0; }
+  // The most memory_used() has been since the backend was made or memory_peak_reset() (GPU:
+  // sampled after every allocation, so it includes load-time transients), 0 if unknown.
+  virtual size_t memory_peak() const { return memory_used(); }
+  virtual void memory_peak_reset() {}
   // Bytes of backend memory free now (and the total in *total), 0 if unknown or unbounded (CPU).
   virtual size_t memory_free(size_t* total = nullptr) const {
     if (total) *total = 0;
@@ -123,8 +132,13 @@ class Backend {
   // For a matrix that only matmul / matmul_group will read: a copy in this backend's own GEMV
   // layout (backend memory, released with release_weight), its layout code in *layout; nullptr
   // to keep the matrix as it is (the default; also when the copy does not fit). The caller then
-  // releases the original.
+  // releases the original (for int4: data, scales and biases, which the copy holds).
   virtual const void* relayout_matrix(const WeightRef& /*w*/, uint8_t* /*layout*/) { return nullptr; }
+  // int4 of a row-major bf16 matrix [rows, cols] in backend memory (synthetic int4 weights):
+  // q u32 [rows, cols/8], scales/biases bf16 [rows, cols/group], bit for bit what
+  // int4_quantize_row (io/quantize.h) computes. The default goes through the host.
+  virtual void quantize_int4(const void* bf16, int64_t rows, int64_t cols, int group, void* q, void* scales,
+                             void* biases);
 
   // ---- dense ops ----------------------------------------------------------------------------
   // y[m, r] = sum_c x[m, c] * W[r, c]; x [M, W.cols], y [M, W.rows]. Row-invariant.
@@ -163,16 +177,18 @@ class Backend {
   // x [M, n_heads, head_dim]; inv_freq[i] = 1 / powf(theta, 2i/rot_dim) in fp32, as transformers does.
   virtual void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, float theta,
                     const StepMeta* meta) = 0;
-  // cache[(meta->q_pos0 - meta->kv_pos0 + m), :] = rows[m, :]; cache [capacity, width].
-  virtual void kv_write(float* cache, const float* rows, int M, int width, const StepMeta* meta) = 0;
+  // cache[(meta->q_pos0 - meta->kv_pos0 + m), :] = rows[m, :]; cache [capacity, width] of
+  // cache_dtype (F32, or BF16 rounded to nearest even exactly as f32_to_bf16).
+  virtual void kv_write(void* cache, const float* rows, int M, int width, const StepMeta* meta,
+                        DType cache_dtype = DType::F32) = 0;
   // out[m, h, :] = softmax over visible keys of (q[m,h]·K[j,g]) * scale, times V[j,g];
-  // g = h / (n_heads / n_kv_heads). K, V [>= n_kv, n_kv_heads*head_dim]. fp32 softmax; the
-  // reduction order depends only on the key range, never on M.
-  virtual void attention(const float* q, const float* K, const float* V, float* out, int M,
+  // g = h / (n_heads / n_kv_heads). K, V [>= n_kv, n_kv_heads*head_dim] of p.kv_dtype. fp32
+  // softmax; the reduction order depends only on the key range, never on M.
+  virtual void attention(const float* q, const void* K, const void* V, float* out, int M,
                          const AttnParams& p, const StepMeta* meta) = 0;
 
   // ---- gated DeltaNet -----------------------------------------------------------------------
-  // Rows are processed sequentially (spec/qwen38.md 3.3): causal depthwise conv over
+  // Rows are processed sequentially (docs/spec/qwen38.md 3.3): causal depthwise conv over
   // [tail | mixed rows] + SiLU, split q/k/v, l2-normalise q and k (q also * d_k^-0.5),
   // g = exp(-exp(A_log) * softplus(alpha + dt_bias)), beta = sigmoid(beta_in), delta rule on S,
   // y = S q. mixed [M, conv_dim], alpha/beta_in [M, n_v_heads], conv_w f32 [conv_dim, K],
@@ -182,6 +198,32 @@ class Backend {
                         const float* conv_w, const float* A_log, const float* dt_bias,
                         const GdnDims& d, float* state, float* y, int M, float* capture) = 0;
 
+  // ---- prefill (long prompts; docs/spec/qwen38.md, "Prefill") -------------------------------
+  // The prompt path for many rows. Each op below computes the same function as its decode twin
+  // up to rounding (the tolerance is stated where the op is tested), and each is invariant to
+  // how a prompt is split at multiples of kPrefillChunk rows: running rows [0, A) and then
+  // [A, N) leaves bit-identical outputs and states to running [0, N) at once when A is a multiple
+  // of kPrefillChunk. Defaults fall back to the decode ops (correct, slow); backends override.
+  static constexpr int kPrefillChunk = 64;
+  // y[m, r] = sum_c bf16(x[m, c]) * W[r, c] with fp32 accumulation: activations rounded to bf16
+  // (round-to-nearest-even) so a GPU can use its bf16 tensor-core GEMM. Row-invariant for any M.
+  // The same function for every weight dtype; int4, f16 and f32 weights run the matmul on the
+  // rounded activations (no tensor-core GEMM for them yet).
+  virtual void gemm(const WeightRef& W, const float* x, float* y, int M) { matmul(W, x, y, M); }
+  // gdn_rows without capture, computed chunk-parallel (chunks of kPrefillChunk rows from row 0,
+  // state carried between chunks, conv tail handled as in gdn_rows).
+  virtual void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w,
+                           const float* A_log, const float* dt_bias, const GdnDims& d, float* state, float* y,
+                           int M) {
+    gdn_rows(mixed, alpha, beta_in, conv_w, A_log, dt_bias, d, state, y, M, nullptr);
+  }
+  // attention for many query rows (causal prefill): a row's result depends only on its own
+  // query and the keys it sees, never on M or on which other rows run.
+  virtual void attention_prefill(const float* q, const void* K, const void* V, float* out, int M,
+                                 const AttnParams& p, const StepMeta* meta) {
+    attention(q, K, V, out, M, p, meta);
+  }
+
   // ---- selection ----------------------------------------------------------------------------
   // Largest value per row, lowest index among equal maxima. out [M] int32 in backend memory.
   virtual void argmax_rows(const float* x, int M, int n, int32_t* out) = 0;
@@ -189,12 +231,12 @@ class Backend {
   virtual void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids) = 0;
 
   // ---- DFlash2 ------------------------------------------------------------------------------
-  // Grouped dynamic causal conv (spec/dflash2.md 2.5) over one block of L rows:
+  // Grouped dynamic causal conv (docs/spec/dflash2.md 2.5) over one block of L rows:
   // out[i,c] = sum_t (base[t,c] + D[i, side*Kc*G + t*G + c/gs]) * x[i-t, c], x[<0] = 0.
   // base = base_kernel + side*Kc*H (f32 [Kc, H]); D [L, 2*Kc*G]. out must not alias x.
   virtual void dyn_conv(const float* x, const float* base, const float* D, float* out, int L, int H,
                         int Kc, int gs, int side) = 0;
-  // Candidate path selector walk (spec/dflash2.md 3.1, greedy): for slot j = 0..k-1,
+  // Candidate path selector walk (docs/spec/dflash2.md 3.1, greedy): for slot j = 0..k-1,
   // s[c] = cand_vals[j,c] + sum_r Epre[pred, r] * P[j, r] * Esuc[cand_ids[j,c], r] (fp32),
   // pick the first max, pred = that candidate. pred starts at *anchor. drafts [k],
   // scores [k, K] (the walk's scores). Epre/Esuc are [V, R] weights (bf16 usually).

@@ -14,8 +14,10 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "io/int4_cache.h"
 #include "io/safetensors.h"
 #include "runtime/engine.h"
+#include "runtime/options.h"
 
 namespace qf::cli {
 
@@ -58,38 +60,92 @@ std::vector<int32_t> random_prompt(int n, int vocab) {
   return p;
 }
 
+// --force-accept: a comma list of forced accept counts, each 0..kMaxDraftK.
 std::vector<int> parse_list(const std::string& s) {
   std::vector<int> v;
   std::stringstream ss(s);
   std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) v.push_back(std::stoi(item));
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    size_t used = 0;
+    int x = -1;
+    try {
+      x = std::stoi(item, &used);
+    } catch (const std::exception&) {
+    }
+    if (used != item.size() || x < 0 || x > kMaxDraftK)
+      fail_option("force_accept", strf("a comma list of integers in [0, %lld]", (long long)kMaxDraftK), s);
+    v.push_back(x);
+  }
   return v;
 }
 
 }  // namespace
 
+// Turn-2 TTFT with and without prefix reuse (bench_prefix.cpp).
+nlohmann::json bench_prefix_reuse(Qwen38Model& target, DraftSource* src, const BenchArgs& a);
+
+void validate_bench_args(const BenchArgs& a) {
+  EngineOptions e;
+  e.device = a.device;
+  e.draft = a.drafter.empty() ? "auto" : a.drafter;
+  e.max_context = a.max_context;
+  e.prefill_rows = a.prefill_chunk;
+  e.prefix_cache_mb = a.prefix_cache_mb;
+  e.weights = a.weights;
+  e.lm_head = a.lm_head;
+  validate_engine_options(e);
+  if (a.prefix_turn2 < 0 || a.prefix_turn2 >= a.max_context)
+    fail_option("prefix_turn2", strf("an integer in [0, %lld] (0 = off)", (long long)a.max_context - 1),
+                std::to_string(a.prefix_turn2));
+  GenerationOptions g;
+  g.max_tokens = a.gen;
+  g.draft_k = a.mtp_k;
+  validate_generation_options(g);
+  if (a.prompt_len < 1 || a.prompt_len >= a.max_context)
+    fail_option("prompt_len", strf("an integer in [1, %lld] (below max_context)", (long long)a.max_context - 1),
+                std::to_string(a.prompt_len));
+  if (a.reps < 1) fail_option("reps", "an integer >= 1", std::to_string(a.reps));
+  if (a.n_prompts < 1) fail_option("n_prompts", "an integer >= 1", std::to_string(a.n_prompts));
+  parse_list(a.force_accept);
+}
+
 int cmd_bench(const BenchArgs& a) {
   auto be = make_backend(a.device);
+  // The ceiling first, so that its two copy buffers are not part of the peak memory reported.
+  const double ceiling = copy_gbps(*be);
+  be->memory_peak_reset();
   std::unique_ptr<Qwen38Model> target;
   std::unique_ptr<Tokenizer> tok;
   const int max_rows = 64;
+  EngineOptions eo;
+  eo.weights = a.weights;
+  eo.lm_head = a.lm_head;
+  const WeightOptions wo = weight_options(eo);  // the drafter follows the target's
   if (!a.synthetic.empty()) {
-    target = Qwen38Model::load_synthetic(a.synthetic, be.get(), max_rows, 1);
+    target = Qwen38Model::load_synthetic(a.synthetic, be.get(), max_rows, 1, wo);
   } else {
     const std::string dir = a.model.empty() ? default_model_dir() : a.model;
-    target = Qwen38Model::load(dir, be.get(), max_rows);
+    target = Qwen38Model::load(dir, be.get(), max_rows, wo);
     tok = std::make_unique<Tokenizer>(Tokenizer::load(dir));
   }
+  target->set_prefill_rows(static_cast<int>(a.prefill_chunk));
   const TargetConfig& c = target->config();
-  const double ceiling = copy_gbps(*be);
   // Bytes the target reads per decode step: every weight except the embedding (a row lookup).
-  const double target_bytes = static_cast<double>(target->weight_bytes()) -
-                              static_cast<double>(c.vocab_size) * c.hidden_size * 2.0 * (target->embed_weight().dtype == DType::F32 ? 2 : 1);
+  const WeightRef& E = target->embed_weight();
+  const double embed_bytes = E.dtype == DType::U32 ? static_cast<double>(int4_matrix_bytes(E.rows, E.cols, E.group))
+                                                   : static_cast<double>(E.rows) * E.cols * dtype_size(E.dtype);
+  const double target_bytes = static_cast<double>(target->weight_bytes()) - embed_bytes;
 
   // ---- draft sources ----
   std::unique_ptr<DraftSource> mtp, dfl;
-  if (target->has_mtp() && a.mtp) mtp = std::make_unique<MtpDraftSource>(*target, a.max_context);
+  if (target->has_mtp() && a.mtp) {
+    mtp = std::make_unique<MtpDraftSource>(*target, static_cast<int>(a.max_context));
+    GenerationOptions g;
+    g.max_tokens = a.gen;
+    g.draft_k = a.mtp_k;
+    validate_generation_options(g, {mtp->name(), std::min(mtp->max_k(), max_rows - 1), c.vocab_size, a.max_context});
+  }
   std::string drafter = a.drafter;
   if (drafter.empty() && a.synthetic.empty()) drafter = resolve_draft("auto", a.model.empty() ? default_model_dir() : a.model, false);
   if (!a.synthetic_drafter.empty())
@@ -97,23 +153,56 @@ int cmd_bench(const BenchArgs& a) {
   else if (!drafter.empty() && drafter != "none" && drafter != "mtp")
     dfl = std::make_unique<DFlashDraftSource>(DFlash2Drafter::load(drafter, *target));
 
+  // Peak device memory of what `qflash run` would hold: the loads (weights, drafter, load-time
+  // copies), then the generation runs below; the op timings' own state (17 capture slots for
+  // 16-row verifies) is counted apart.
+  const size_t peak_load = be->memory_peak();
   nlohmann::json out;
   out["device"] = be->name();
   out["model"] = target->origin();
   out["copy_ceiling_gbps"] = ceiling;
+  out["weights"] = a.weights;
+  if (a.weights == "int4") out["lm_head"] = a.lm_head;
   out["target_weight_bytes"] = target_bytes;
+  if (a.prefix_turn2 > 0) {
+    out["prefix_reuse"] = bench_prefix_reuse(*target, dfl ? dfl.get() : mtp.get(), a);
+    if (!a.json.empty()) write_file_atomic(a.json, out.dump(2) + "\n");
+    return 0;
+  }
 
-  // ---- op-level timings: decode step, verify of k+1 rows, draft passes ----
+  // ---- op-level timings: prefill of the prompt, then decode step, verify of k+1 rows and draft
+  // passes at that context ----
   {
     const int P = a.prompt_len;
     auto st = target->new_state(P + 64, 17);
     if (dfl) target->set_taps(dfl->tap_layers());
     auto prompt = random_prompt(P, c.vocab_size);
-    ForwardOpts pre;
-    pre.logits_last_only = true;
-    for (int off = 0; off < P; off += max_rows) target->forward(*st, prompt.data() + off, std::min(max_rows, P - off), pre);
-    std::vector<int32_t> toks(16, prompt[0]);
+    // The round loop's prefill: chunks of --prefill-chunk rows through the prefill ops (0: the
+    // decode forward, max_rows at a time); with a drafter, its tap rows are kept and appended to
+    // the drafter's context as the loop does.
+    const int pchunk = a.prefill_chunk > 0 ? static_cast<int>(a.prefill_chunk) : max_rows;
+    auto prefill = [&](int n, DFlashDraftSource* ds) {
+      target->reset(*st);
+      if (ds) ds->begin(n);
+      for (int off = 0; off < n; off += pchunk) {
+        const int m = std::min(pchunk, n - off);
+        ForwardOpts po;
+        po.prefill = a.prefill_chunk > 0;
+        po.lm_head = off + m == n;
+        po.logits_last_only = true;
+        po.taps = ds != nullptr;
+        po.final_hidden = false;
+        target->forward(*st, prompt.data() + off, m, po);
+        if (ds) ds->observe(*target, off, m, prompt.data());
+      }
+    };
     nlohmann::json ops;
+    prefill(std::min(P, pchunk), nullptr);  // warm-up: GEMM plans, scratch buffers
+    const double pre_ms = time_ms(*be, std::max(1, std::min(a.reps, 3)), [&] { prefill(P, nullptr); });
+    ops["prefill_ms"] = pre_ms;
+    ops["prefill_tokens_per_second"] = P / (pre_ms * 1e-3);
+    ops["prefill_chunk"] = a.prefill_chunk;
+    std::vector<int32_t> toks(16, prompt[0]);
     ForwardOpts fo;
     fo.taps = dfl != nullptr;
     const double decode = time_ms(*be, a.reps, [&] {
@@ -134,15 +223,7 @@ int cmd_bench(const BenchArgs& a) {
     }
     if (dfl) {
       auto* ds = static_cast<DFlashDraftSource*>(dfl.get());
-      ds->begin(P);
-      st->pos = 0;
-      for (int off = 0; off < P; off += max_rows) {
-        ForwardOpts po = fo;
-        po.logits_last_only = true;
-        const int m = std::min(max_rows, P - off);
-        target->forward(*st, prompt.data() + off, m, po);
-        ds->observe(*target, off, m, prompt.data());
-      }
+      prefill(P, ds);
       std::vector<int32_t> drafts(16);
       const int k = ds->max_k();
       const double d = time_ms(*be, a.reps, [&] { ds->draft(prompt[0], P, k, drafts.data()); });
@@ -170,6 +251,15 @@ int cmd_bench(const BenchArgs& a) {
                     what, iters, wall, table.c_str());
         prof[what] = {{"wall_ms_profiled", wall}, {"table", table}};
       };
+      profile("prefill (one chunk)", [&] {
+        target->reset(*st);
+        ForwardOpts po;
+        po.prefill = a.prefill_chunk > 0;
+        po.logits_last_only = true;
+        po.final_hidden = false;
+        target->forward(*st, prompt.data(), std::min(P, pchunk), po);
+      });
+      prefill(P, nullptr);  // the decode and verify profiles run at context P again
       profile("decode (1 row)", [&] {
         st->pos = P;
         target->forward(*st, toks.data(), 1, fo);
@@ -188,6 +278,9 @@ int cmd_bench(const BenchArgs& a) {
       out["profile"] = prof;
     }
   }
+
+  const size_t peak_ops = be->memory_peak();
+  be->memory_peak_reset();  // the op timings' state is freed: generation starts from the loaded model
 
   // ---- end-to-end generation ----
   nlohmann::json runs = nlohmann::json::array();
@@ -212,37 +305,49 @@ int cmd_bench(const BenchArgs& a) {
       prompts.push_back(tok->encode(text));
     }
   }
+  // Each source runs at its fixed k (MTP --mtp-k, DFlash2 its block - 1); --adaptive adds a run
+  // with the depth controller (--draft-k auto) after each, under the same forcing.
   struct Cfg {
     std::string name;
     DraftSource* src;
     int force;
+    bool auto_k;
   };
-  std::vector<Cfg> cfgs = {{"plain", nullptr, -1}};
+  std::vector<Cfg> cfgs = {{"plain", nullptr, -1, false}};
   const bool forced = prompts.empty() && !a.real;
   for (DraftSource* s : {mtp.get(), dfl.get()}) {
     if (!s) continue;
+    std::vector<int> forces = {-1};
     if (forced) {
+      forces.clear();
       for (int f : parse_list(a.force_accept))
-        if (f <= (s == mtp.get() ? (a.mtp_k > 0 ? a.mtp_k : 3) : s->max_k())) cfgs.push_back({s->name(), s, f});
-    } else {
-      cfgs.push_back({s->name(), s, -1});
+        if (f <= (s == mtp.get() ? a.mtp_k : s->max_k())) forces.push_back(f);
+    }
+    for (int f : forces) {
+      cfgs.push_back({s->name(), s, f, false});
+      if (a.adaptive) cfgs.push_back({s->name(), s, f, true});
     }
   }
-  double plain_tps = 0;
+  double plain_tps = 0, fixed_tps = 0;
   if (a.ops_only) cfgs.clear();
   for (const Cfg& cf : cfgs) {
-    Generator g(*target, cf.src, a.max_context);
+    Generator g(*target, cf.src, static_cast<int>(a.max_context));
     GenerateOptions go;
-    go.max_new_tokens = a.gen;
-    go.force_accept = cf.force;
-    if (cf.src == mtp.get() && a.mtp_k > 0) go.draft_k = a.mtp_k;
+    go.max_new_tokens = static_cast<int>(a.gen);
+    if (cf.force >= 0) go.accept_override = forced_acceptance(cf.force);
+    go.draft_k = cf.src ? cf.src->default_k() : 0;
+    if (cf.src == mtp.get()) go.draft_k = static_cast<int>(a.mtp_k);
+    if (cf.auto_k) go.draft_k = kDraftKAuto;
     std::vector<GenStats> all;
     const auto& ps = prompts.empty() ? std::vector<std::vector<int32_t>>{prompt} : prompts;
     for (const auto& p : ps) {
       all.push_back(g.generate(p, go, nullptr));
     }
-    double toks = 0, ms = 0, tau_sum = 0, draft = 0, verify = 0, acc = 0;
+    double toks = 0, ms = 0, tau_sum = 0, draft = 0, verify = 0, acc = 0, ttft = 0;
+    std::vector<int64_t> k_rounds(all[0].k_rounds.size(), 0);
     for (const auto& s : all) {
+      for (size_t j = 0; j < k_rounds.size() && j < s.k_rounds.size(); j++) k_rounds[j] += s.k_rounds[j];
+      ttft += s.ttft_ms;
       toks += s.generated_tokens;
       ms += s.total_decode_ms;
       tau_sum += s.tau();
@@ -252,36 +357,64 @@ int cmd_bench(const BenchArgs& a) {
     }
     const double tps = toks / (ms * 1e-3);
     if (cf.name == "plain") plain_tps = tps;
+    if (!cf.auto_k) fixed_tps = tps;  // the fixed run an auto run follows
+    GenStats hist;
+    hist.k_rounds = k_rounds;
     nlohmann::json r = {{"draft", cf.name},
                         {"k", all[0].k},
+                        {"k_auto", cf.auto_k},
+                        {"k_mean", hist.k_mean()},
+                        {"k_rounds", k_rounds},
                         {"forced_accept", cf.force},
                         {"prompts", all.size()},
                         {"tokens_per_second", tps},
                         {"ms_per_token", ms / toks},
                         {"tau", tau_sum / all.size()},
                         {"speedup_vs_plain", plain_tps > 0 ? tps / plain_tps : 1.0},
+                        {"time_to_first_token_ms", ttft / all.size()},
                         {"phases_ms", {{"draft", draft}, {"verify", verify}, {"accept", acc}, {"total", ms}}}};
     if (cf.name == "plain") r["achieved_gbps"] = target_bytes / (ms / toks * 1e-3) / 1e9;
+    if (cf.auto_k) r["speedup_vs_fixed_k"] = fixed_tps > 0 ? tps / fixed_tps : 1.0;
     if (all.size() == 1) r["accept_profile"] = all[0].accept_profile();
     runs.push_back(r);
   }
   out["runs"] = runs;
-  out["peak_memory_bytes"] = be->memory_used();
+  // The most device memory in use at any allocation during the loads and the generation runs
+  // (weights, load-time relayout copies, states for --max-context, scratch; CUDA context included).
+  const size_t peak = std::max(peak_load, be->memory_peak());
+  out["peak_memory_bytes"] = peak;
+  out["peak_memory_op_timings_bytes"] = peak_ops;
+  out["memory_total_bytes"] = [&] {
+    size_t total = 0;
+    be->memory_free(&total);
+    return total;
+  }();
 
   // ---- report ----
   std::printf("qflash bench: %s on %s (copy ceiling %.0f GB/s)\n", target->origin().c_str(), be->name().c_str(), ceiling);
   const auto& ops = out["ops"];
-  std::printf("decode step %.3f ms (%.0f GB/s, %.0f%% of ceiling)", ops["decode_ms"].get<double>(),
+  std::printf("prefill %d tokens %.1f ms (%.0f tokens/s, chunks of %lld rows)\n", a.prompt_len,
+              ops["prefill_ms"].get<double>(), ops["prefill_tokens_per_second"].get<double>(),
+              (long long)a.prefill_chunk);
+  std::printf("at context %d: decode step %.3f ms (%.0f GB/s, %.0f%% of ceiling)", a.prompt_len, ops["decode_ms"].get<double>(),
               ops["decode_gbps"].get<double>(), 100.0 * ops["decode_gbps"].get<double>() / ceiling);
   std::printf(" | verify 8 rows / decode %.3f", ops["verify8_over_decode"].get<double>());
   if (ops.contains("dflash2_draft_over_decode"))
     std::printf(" | dflash2 draft / decode %.3f", ops["dflash2_draft_over_decode"].get<double>());
-  std::printf("\n%-8s %3s %6s %9s %9s %7s %8s\n", "draft", "k", "forced", "tok/s", "ms/tok", "tau", "speedup");
-  for (const auto& r : runs)
-    std::printf("%-8s %3d %6d %9.2f %9.3f %7.3f %8.3f\n", r["draft"].get<std::string>().c_str(), r["k"].get<int>(),
-                r["forced_accept"].get<int>(), r["tokens_per_second"].get<double>(), r["ms_per_token"].get<double>(),
-                r["tau"].get<double>(), r["speedup_vs_plain"].get<double>());
-  if (be->memory_used()) std::printf("peak memory %.2f GB\n", be->memory_used() / 1e9);
+  std::printf("\n%-8s %4s %6s %6s %9s %9s %7s %8s %9s\n", "draft", "k", "k mean", "forced", "tok/s", "ms/tok", "tau",
+              "speedup", "vs fixed");
+  for (const auto& r : runs) {
+    const bool ak = r["k_auto"].get<bool>();
+    const std::string k = ak ? "auto" : std::to_string(r["k"].get<int>());
+    const std::string vs = ak ? strf("%.3f", r["speedup_vs_fixed_k"].get<double>()) : "";
+    std::printf("%-8s %4s %6.2f %6d %9.2f %9.3f %7.3f %8.3f %9s\n", r["draft"].get<std::string>().c_str(), k.c_str(),
+                r["k_mean"].get<double>(), r["forced_accept"].get<int>(), r["tokens_per_second"].get<double>(),
+                r["ms_per_token"].get<double>(), r["tau"].get<double>(), r["speedup_vs_plain"].get<double>(), vs.c_str());
+  }
+  if (peak)
+    std::printf("peak memory %.2f GB of %.2f GB (load + generation; weights %s%s, --max-context %lld)\n", peak / 1e9,
+                out["memory_total_bytes"].get<size_t>() / 1e9, a.weights.c_str(),
+                a.weights == "int4" ? (", lm_head " + a.lm_head).c_str() : "", (long long)a.max_context);
   if (!a.json.empty()) write_file_atomic(a.json, out.dump(2) + "\n");
   return 0;
 }
@@ -292,7 +425,9 @@ void add_bench_options(CLI::App* c, BenchArgs& a) {
   c->add_option("--synthetic-drafter", a.synthetic_drafter, "config.json of a DFlash2 drafter with random weights");
   c->add_option("--drafter", a.drafter, "DFlash2 drafter folder (default: MODEL/drafter)");
   c->add_option("--device", a.device, "auto | cpu | cuda");
-  c->add_option("--prompt-len", a.prompt_len, "prompt tokens (random ids) for synthetic runs");
+  c->add_option("--prompt-len", a.prompt_len, "prompt tokens (random ids): prefill timed, decode and verify at this context");
+  c->add_option("--prefill-chunk", a.prefill_chunk,
+                "prompt rows per prefill forward (a multiple of 64, default 4096; 0 = the decode forward)");
   c->add_option("--gen", a.gen, "new tokens per run");
   c->add_option("--reps", a.reps, "repetitions of each op timing (median)");
   c->add_option("--force-accept", a.force_accept, "comma list of forced accept counts (random models)");
@@ -302,9 +437,16 @@ void add_bench_options(CLI::App* c, BenchArgs& a) {
   c->add_flag("--profile", a.profile, "time every kernel of a decode step, an 8-row verify and a draft pass (no graphs)");
   c->add_flag("--ops-only", a.ops_only, "op timings (and --profile) only: no end-to-end generation");
   c->add_flag("--real", a.real, "real acceptance on the random prompt (no forcing)");
+  c->add_flag("--adaptive", a.adaptive,
+              "after each drafting run, the same with --draft-k auto (the depth controller), compared in 'vs fixed'");
   c->add_flag("!--no-mtp", a.mtp, "skip the MTP head");
   c->add_option("--max-context", a.max_context, "positions allocated");
+  c->add_option("--weights", a.weights, "bf16 (as stored) | int4 (quantized at load; synthetic: on the device)");
+  c->add_option("--lm-head", a.lm_head, "with --weights int4: int4 (default) | bf16");
   c->add_option("--json", a.json, "write all results as JSON to this file");
+  c->add_option("--prefix-turn2", a.prefix_turn2,
+                "N > 0: TTFT of a second turn (turn 1 + its answer + N new tokens) with and without prefix reuse");
+  c->add_option("--prefix-cache-mb", a.prefix_cache_mb, "prefix cache budget for --prefix-turn2 (MiB)");
 }
 
 }  // namespace qf::cli

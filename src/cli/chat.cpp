@@ -1,6 +1,8 @@
 // qflash chat: an interactive conversation on stdin/stdout. Each turn re-renders the whole
-// conversation with the ChatML template and generates the assistant's reply (the prompt is
-// prefilled again; prefix reuse across turns is future work, docs/DESIGN.md).
+// conversation with the ChatML template and generates the assistant's reply. The engine's
+// prefix cache (--prefix-cache-mb) holds the previous turns' prompt states, so a turn whose
+// rendering extends the last one resumes there and prefills only what is new (the previous
+// reply and the new message, from the last multiple of 64); otherwise it prefills all of it.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <iostream>
@@ -12,46 +14,38 @@
 namespace qf::cli {
 
 void add_chat_options(CLI::App* c, ChatArgs& a) {
-  c->add_option("--model", a.model, "model folder (default: the demo pair)");
-  c->add_option("--draft", a.draft, "auto | none | mtp | PATH");
-  c->add_option("--device", a.device, "auto | cpu | cuda");
+  add_engine_flags(c, a.engine);
+  add_prefix_cache_flag(c, a.engine);
+  add_generation_flags(c, a.gen);
   c->add_option("--system", a.system, "system message");
-  c->add_option("--max-tokens", a.max_tokens, "new tokens per reply");
-  c->add_option("--max-context", a.max_context, "positions allocated for the conversation");
-  c->add_option("--temperature", a.temperature, "0 = greedy");
-  c->add_option("--seed", a.seed, "random seed for sampling");
   c->add_flag("--no-think", a.no_think, "thinking off (empty think block)");
   c->add_flag("--stats", a.stats, "print tau and speed after each reply (stderr)");
 }
 
 int cmd_chat(const ChatArgs& a) {
-  EngineOptions eo;
-  eo.model_dir = a.model;
-  eo.draft = a.draft;
-  eo.device = a.device;
-  eo.max_context = a.max_context;
-  auto engine = Engine::create(eo);
+  auto engine = Engine::create(a.engine);
+  engine->generate_options(a.gen, -1);  // --draft-k and --stop-id against this model: a usage error
   std::vector<ChatMessage> msgs;
   if (!a.system.empty()) msgs.push_back({"system", a.system, ""});
   std::fprintf(stderr, "qflash chat (%s, draft %s). Empty line or Ctrl-D to quit.\n", engine->model_dir().c_str(),
                engine->source() ? engine->source()->name().c_str() : "none");
   std::string line;
-  int turn = 0;
+  GenerationOptions g = a.gen;
+  uint64_t turn = 0;
   while (true) {
     std::fprintf(stderr, "\n> ");
     if (!std::getline(std::cin, line) || line.empty()) break;
     msgs.push_back({"user", line, ""});
-    const std::vector<int32_t> ids = engine->tokenizer().encode(chat_render(msgs, true, !a.no_think));
-    if (static_cast<int>(ids.size()) + a.max_tokens > a.max_context) {
-      std::fprintf(stderr, "qflash: the conversation (%zu tokens) + --max-tokens exceeds --max-context %d\n", ids.size(),
-                   a.max_context);
+    const std::vector<int32_t> ids = chat_encode(engine->tokenizer(), chat_render_pieces(msgs, {true, !a.no_think, {}, {}}));
+    g.seed = a.gen.seed + turn++;  // a new draw per turn, reproducible from --seed
+    try {
+      engine->generate_options(g, static_cast<int64_t>(ids.size()));
+    } catch (const Error& e) {
+      // Only the length can fail here (the rest was checked above): the conversation outgrew
+      // the context; end it (exit 0) rather than fail the session.
+      std::fprintf(stderr, "qflash: the conversation is too long: %s\n", e.what());
       break;
     }
-    GenerateOptions g;
-    g.max_new_tokens = a.max_tokens;
-    g.stop_ids = engine->stop_ids();
-    g.sampling.temperature = a.temperature;
-    g.sampling.seed = a.seed + static_cast<uint64_t>(turn++);
     std::string reply;
     GenStats st = engine->generate_text(ids, g, [&](const std::string& s) {
       reply += s;
@@ -62,7 +56,8 @@ int cmd_chat(const ChatArgs& a) {
     std::fputc('\n', stdout);
     msgs.push_back({"assistant", reply, ""});
     if (a.stats)
-      std::fprintf(stderr, "[%d tokens, tau %.2f, %.1f tokens/s]\n", st.generated_tokens, st.tau(), st.tokens_per_second());
+      std::fprintf(stderr, "[%d tokens, tau %.2f, %.1f tokens/s; prompt %d tokens, %d reused, first token after %.1f ms]\n",
+                   st.generated_tokens, st.tau(), st.tokens_per_second(), st.prompt_tokens, st.cached_tokens, st.ttft_ms);
   }
   return 0;
 }

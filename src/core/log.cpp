@@ -1,5 +1,6 @@
 #include "core/log.h"
 
+#include <algorithm>
 #include <cstdarg>
 #include <cstdlib>
 #include <unistd.h>
@@ -43,16 +44,18 @@ Progress::Progress(const char* label, size_t total) : label_(label), total_(tota
              ((force && force[0] == '1') || (isatty(2) && !(force && force[0] == '0')));
 }
 
-void Progress::add(size_t n) {
-  cur_ += n;
+void Progress::add(size_t n) { set(cur_ + n); }
+
+void Progress::set(size_t done_so_far) {
+  cur_ = done_so_far;
   if (!enabled_ || total_ == 0) return;
-  int pct = static_cast<int>(100.0 * static_cast<double>(cur_) / static_cast<double>(total_));
+  int pct = std::min(100, static_cast<int>(100.0 * static_cast<double>(cur_) / static_cast<double>(total_)));
   if (pct == last_pct_) return;
   last_pct_ = pct;
   int filled = pct * 30 / 100;
   std::fprintf(stderr, "\r[qflash] %s [", label_);
   for (int i = 0; i < 30; i++) std::fputc(i < filled ? '#' : '.', stderr);
-  std::fprintf(stderr, "] %3d%% %.1f/%.1f MB", pct, cur_ / 1e6, total_ / 1e6);
+  std::fprintf(stderr, "] %3d%% %.1f/%.1f MB", pct, std::min(cur_, total_) / 1e6, total_ / 1e6);
   std::fflush(stderr);
 }
 

@@ -11,11 +11,13 @@ void log_info(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_debug(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 void log_warn(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
-// A progress bar on stderr for long loads; silent when stderr is not a terminal unless forced.
+// A progress bar on stderr for long loads, counting bytes; silent when stderr is not a terminal
+// unless forced (QFLASH_PROGRESS=1), and when the total is 0.
 class Progress {
  public:
   Progress(const char* label, size_t total);
   void add(size_t n);
+  void set(size_t done_so_far);
   void done();
   ~Progress();
 

@@ -39,6 +39,20 @@ void AtomicFile::write(const void* data, size_t n) {
   }
 }
 
+void AtomicFile::write_at(size_t offset, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail(ErrorKind::Io, "write to %s at offset %zu failed: %s", tmp_.c_str(), offset, std::strerror(errno));
+    }
+    p += w;
+    offset += static_cast<size_t>(w);
+    n -= static_cast<size_t>(w);
+  }
+}
+
 void AtomicFile::commit() {
   if (::fsync(fd_) != 0)
     fail(ErrorKind::Io, "fsync of %s failed: %s", tmp_.c_str(), std::strerror(errno));

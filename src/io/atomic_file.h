@@ -15,6 +15,8 @@ class AtomicFile {
   AtomicFile& operator=(const AtomicFile&) = delete;
 
   void write(const void* data, size_t n);  // Io error naming the temp path
+  // Overwrites bytes already written at `offset` (a field patched once its value is known).
+  void write_at(size_t offset, const void* data, size_t n);
   void commit();                           // fsync, rename; Io error naming both paths
   const std::string& temp_path() const { return tmp_; }
 

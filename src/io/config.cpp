@@ -1,4 +1,4 @@
-// qwen3_5 target config.json (spec/qwen38.md section 1). Two layouts reach us:
+// qwen3_5 target config.json (docs/spec/qwen38.md section 1). Two layouts reach us:
 //  - multimodal: {"model_type": "qwen3_5", "text_config": {...}, "vision_config": {...},
 //    "tie_word_embeddings", mlx "quantization"} as in the published Qwen3.8 repos;
 //  - text-only: {"model_type": "qwen3_5_text", ...} as Qwen3_5ForCausalLM.save_pretrained

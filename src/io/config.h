@@ -1,5 +1,5 @@
 // config.json of a qwen3_5 target and of a DFlash/DFlash2 drafter, validated once at load.
-// Every field of spec/qwen38.md section 1 and spec/dflash2.md section 1.1; each failure is a
+// Every field of docs/spec/qwen38.md section 1 and docs/spec/dflash2.md section 1.1; each failure is a
 // qf::Error(Config) naming the file, the field, the expected and the found value.
 #pragma once
 #include <string>
@@ -86,11 +86,11 @@ DrafterConfig load_drafter_config(const std::string& path);
 TargetConfig parse_target_config(const std::string& json_text, const std::string& origin);
 DrafterConfig parse_drafter_config(const std::string& json_text, const std::string& origin);
 
-// Pairing guards (spec/dflash2.md 1.4 and issue "speculative"): vocab, hidden size, layer count,
+// Pairing guards (docs/spec/dflash2.md 1.4 and issue "speculative"): vocab, hidden size, layer count,
 // tap ids, fc width, mask id, ... Throws Config errors naming both values.
 void check_drafter_pair(const DrafterConfig& d, const TargetConfig& t);
 
-// Python's round-half-to-even version of build_target_layer_ids (spec/dflash2.md 2.1).
+// Python's round-half-to-even version of build_target_layer_ids (docs/spec/dflash2.md 2.1).
 std::vector<int> build_target_layer_ids(int num_target_layers, int num_draft_layers);
 
 }  // namespace qf

@@ -1,4 +1,4 @@
-// DFlash / DFlash2 drafter config.json (spec/dflash2.md section 1.1) and the target pairing
+// DFlash / DFlash2 drafter config.json (docs/spec/dflash2.md section 1.1) and the target pairing
 // guards (section 1.4, 2.4, 8). The drafter is a Qwen3-style config ("model_type": "qwen3")
 // with the speculative keys in "dflash_config"; a key there wins over the same top-level key.
 #include <cmath>
@@ -117,7 +117,7 @@ DrafterConfig parse_drafter_config(const std::string& json_text, const std::stri
   bool use_window = top.opt_bool("use_sliding_window", false) || sliding_layers;
   if (use_window) {
     c.sliding_window = top.req_pos_int("sliding_window");
-    // W >= B keeps the whole block visible to every block row (spec/dflash2.md section 8).
+    // W >= B keeps the whole block visible to every block row (docs/spec/dflash2.md section 8).
     if (c.sliding_window < c.block_size)
       top.bad("sliding_window", strf("at least block_size %d", c.block_size));
   }

@@ -11,6 +11,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/parallel.h"
 #include "io/safetensors.h"
 
 namespace qf {
@@ -18,6 +19,7 @@ namespace qf {
 namespace fs = std::filesystem;
 
 void int4_quantize_row(const float* w, int64_t cols, int group, uint32_t* q, uint16_t* scales, uint16_t* biases) {
+  check_int4_group(ErrorKind::Usage, "int4_quantize_row", cols, group);
   std::memset(q, 0, static_cast<size_t>(cols / 8) * sizeof(uint32_t));
   for (int64_t g = 0; g < cols / group; g++) {
     const float* x = w + g * group;
@@ -39,6 +41,38 @@ void int4_quantize_row(const float* w, int64_t cols, int group, uint32_t* q, uin
   }
 }
 
+void int4_quantize_matrix(const void* src, DType dtype, int64_t rows, int64_t cols, int group, uint32_t* q,
+                          uint16_t* scales, uint16_t* biases) {
+  check_int4_group(ErrorKind::Usage, "int4_quantize_matrix", cols, group);
+  if (dtype != DType::BF16 && dtype != DType::F16 && dtype != DType::F32)
+    fail(ErrorKind::Internal, "int4_quantize_matrix: dtype %s is not a float type", dtype_name(dtype));
+  const size_t esz = dtype_size(dtype), ng = static_cast<size_t>(cols / group);
+  parallel_for(static_cast<size_t>(rows), 16, [&](size_t r0, size_t r1) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (size_t r = r0; r < r1; r++) {
+      const uint8_t* p = static_cast<const uint8_t*>(src) + r * static_cast<size_t>(cols) * esz;
+      for (int64_t c = 0; c < cols; c++) {
+        if (dtype == DType::F32) {
+          std::memcpy(&row[c], p + 4 * c, 4);
+        } else {
+          uint16_t h;
+          std::memcpy(&h, p + 2 * c, 2);
+          row[c] = dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+        }
+      }
+      int4_quantize_row(row.data(), cols, group, q + r * static_cast<size_t>(cols / 8), scales + r * ng, biases + r * ng);
+    }
+  });
+}
+
+bool int4_group_supported(int64_t group) { return group == 32 || group == 64 || group == 128; }
+
+void check_int4_group(ErrorKind kind, const std::string& what, int64_t cols, int64_t group) {
+  if (int4_group_supported(group) && cols > 0 && cols % group == 0) return;
+  fail(kind, "%s: int4 group size expected 32, 64 or 128 dividing %lld, found %lld", what.c_str(), (long long)cols,
+       (long long)group);
+}
+
 namespace {
 
 bool is_matrix_weight(const TensorInfo& t) {
@@ -49,26 +83,19 @@ bool is_matrix_weight(const TensorInfo& t) {
   return n.find("norm") == std::string::npos;
 }
 
-float load_f(const TensorInfo& t, size_t i) {
-  if (t.dtype == DType::F32) {
-    float f;
-    std::memcpy(&f, t.data + 4 * i, 4);
-    return f;
-  }
-  uint16_t h;
-  std::memcpy(&h, t.data + 2 * i, 2);
-  return t.dtype == DType::BF16 ? bf16_to_f32(h) : f16_to_f32(h);
-}
-
 struct Owned {
   std::vector<uint8_t> bytes;
 };
 
 }  // namespace
 
+void validate_quantize_options(const QuantizeOptions& opt) {
+  if (!int4_group_supported(opt.group))
+    fail(ErrorKind::Usage, "group: expected 32, 64 or 128, found %lld", (long long)opt.group);
+}
+
 size_t quantize_checkpoint(const std::string& src, const std::string& dst, const QuantizeOptions& opt) {
-  if (opt.group % 8 != 0 || (opt.group != 32 && opt.group != 64 && opt.group != 128))
-    fail(ErrorKind::Usage, "--group must be 32, 64 or 128 (got %d)", opt.group);
+  validate_quantize_options(opt);
   if (fs::exists(dst) && !fs::is_empty(dst))
     fail(ErrorKind::Usage, "output folder '%s' exists and is not empty; refusing to overwrite", dst.c_str());
   const std::string cfg_text = read_text_file((fs::path(src) / "config.json").string());
@@ -112,13 +139,8 @@ size_t quantize_checkpoint(const std::string& src, const std::string& dst, const
     q->bytes.resize(static_cast<size_t>(rows) * (cols / 8) * 4);
     s->bytes.resize(static_cast<size_t>(rows) * ng * 2);
     b->bytes.resize(static_cast<size_t>(rows) * ng * 2);
-    std::vector<float> row(cols);
-    for (int64_t r = 0; r < rows; r++) {
-      for (int64_t c = 0; c < cols; c++) row[c] = load_f(t, static_cast<size_t>(r) * cols + c);
-      int4_quantize_row(row.data(), cols, opt.group, reinterpret_cast<uint32_t*>(q->bytes.data()) + r * (cols / 8),
-                        reinterpret_cast<uint16_t*>(s->bytes.data()) + r * ng,
-                        reinterpret_cast<uint16_t*>(b->bytes.data()) + r * ng);
-    }
+    int4_quantize_matrix(t.data, t.dtype, rows, cols, static_cast<int>(opt.group), reinterpret_cast<uint32_t*>(q->bytes.data()),
+                         reinterpret_cast<uint16_t*>(s->bytes.data()), reinterpret_cast<uint16_t*>(b->bytes.data()));
     const std::string base = name.substr(0, name.size() - 7);
     add({name, DType::U32, {rows, cols / 8}, q->bytes.data()}, q->bytes.size());
     add({base + ".scales", DType::BF16, {rows, ng}, s->bytes.data()}, s->bytes.size());
@@ -145,7 +167,7 @@ size_t quantize_checkpoint(const std::string& src, const std::string& dst, const
     if (fs::exists(fs::path(src) / f)) fs::copy_file(fs::path(src) / f, fs::path(dst) / f);
   if (fs::exists(fs::path(src) / "drafter"))
     fs::copy(fs::path(src) / "drafter", fs::path(dst) / "drafter", fs::copy_options::recursive);
-  log_info("quantized %d matrices to int4 (group %d): %s -> %s, %.1f MB", n_quant, opt.group, src.c_str(), dst.c_str(),
+  log_info("quantized %d matrices to int4 (group %lld): %s -> %s, %.1f MB", n_quant, (long long)opt.group, src.c_str(), dst.c_str(),
            total / 1e6);
   return total;
 }

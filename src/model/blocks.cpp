@@ -70,21 +70,39 @@ static void dump_rows(const DumpHook* dump, const std::string& name, const float
   if (dump && *dump) (*dump)(name, p, n);
 }
 
+// The layer's projections: matmul_group / matmul for decode and verify, one gemm per weight in prefill.
+static void project(Backend& be, bool prefill, const WeightRef* const* ws, float* const* ys, int n, const float* x,
+                    int M) {
+  if (!prefill) {
+    if (n == 1)
+      be.matmul(*ws[0], x, ys[0], M);
+    else
+      be.matmul_group(ws, ys, n, x, M);
+    return;
+  }
+  for (int i = 0; i < n; i++) be.gemm(*ws[i], x, ys[i], M);
+}
+static void project1(Backend& be, bool prefill, const WeightRef& w, const float* x, float* y, int M) {
+  const WeightRef* ws[1] = {&w};
+  float* ys[1] = {y};
+  project(be, prefill, ws, ys, 1, x, M);
+}
+
 static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, int M, const AttnDims& ad,
                             float eps, const LayerIO& io) {
   const int nh = ad.n_heads, nkv = ad.n_kv_heads, hd = ad.head_dim;
   {
     const WeightRef* ws[3] = {&w.q, &w.k, &w.v};
     float* ys[3] = {s.qg.f(), s.k.f(), s.v.f()};
-    be.matmul_group(ws, ys, 3, s.a.f(), M);
+    project(be, io.prefill, ws, ys, 3, s.a.f(), M);
   }
   be.split_qgate(s.qg.f(), s.q.f(), s.gate.f(), M, nh, hd);
   be.rmsnorm(s.q.f(), w.q_norm.ptr(), s.q.f(), M * nh, hd, eps);
   be.rmsnorm(s.k.f(), w.k_norm.ptr(), s.k.f(), M * nkv, hd, eps);
   be.rope(s.q.f(), M, nh, hd, ad.rot_dim, ad.theta, io.meta);
   be.rope(s.k.f(), M, nkv, hd, ad.rot_dim, ad.theta, io.meta);
-  be.kv_write(io.kcache, s.k.f(), M, nkv * hd, io.meta);
-  be.kv_write(io.vcache, s.v.f(), M, nkv * hd, io.meta);
+  be.kv_write(io.kcache, s.k.f(), M, nkv * hd, io.meta, io.kv_dtype);
+  be.kv_write(io.vcache, s.v.f(), M, nkv * hd, io.meta, io.kv_dtype);
   AttnParams p;
   p.n_heads = nh;
   p.n_kv_heads = nkv;
@@ -92,9 +110,13 @@ static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, 
   p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   p.causal = true;
   p.window = io.window;
-  be.attention(s.q.f(), io.kcache, io.vcache, s.attn.f(), M, p, io.meta);
+  p.kv_dtype = io.kv_dtype;
+  if (io.prefill)
+    be.attention_prefill(s.q.f(), io.kcache, io.vcache, s.attn.f(), M, p, io.meta);
+  else
+    be.attention(s.q.f(), io.kcache, io.vcache, s.attn.f(), M, p, io.meta);
   be.sigmoid_mul(s.attn.f(), s.gate.f(), static_cast<size_t>(M) * nh * hd);
-  be.matmul(w.o, s.attn.f(), s.o.f(), M);
+  project1(be, io.prefill, w.o, s.attn.f(), s.o.f(), M);
 }
 
 static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, int M, const GdnDims& gd,
@@ -102,12 +124,16 @@ static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, in
   {
     const WeightRef* ws[4] = {&w.qkv, &w.z, &w.a, &w.b};
     float* ys[4] = {s.mixed.f(), s.z.f(), s.alpha.f(), s.beta.f()};
-    be.matmul_group(ws, ys, 4, s.a.f(), M);
+    project(be, io.prefill, ws, ys, 4, s.a.f(), M);
   }
-  be.gdn_rows(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd,
-              io.gdn_state, s.y.f(), M, io.capture);
+  if (io.prefill)
+    be.gdn_chunked(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd, io.gdn_state,
+                   s.y.f(), M);
+  else
+    be.gdn_rows(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd, io.gdn_state,
+                s.y.f(), M, io.capture);
   be.rmsnorm_gated(s.y.f(), s.z.f(), w.norm.ptr(), s.y.f(), M * gd.n_v_heads, gd.d_v, eps);
-  be.matmul(w.out, s.y.f(), s.o.f(), M);
+  project1(be, io.prefill, w.out, s.y.f(), s.o.f(), M);
 }
 
 void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h, int M, int H, int I,
@@ -127,10 +153,10 @@ void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h
   {
     const WeightRef* ws[2] = {&w.mlp.gate, &w.mlp.up};
     float* ys[2] = {s.g.f(), s.u.f()};
-    be.matmul_group(ws, ys, 2, s.a.f(), M);
+    project(be, io.prefill, ws, ys, 2, s.a.f(), M);
   }
   be.swiglu(s.g.f(), s.u.f(), s.g.f(), static_cast<size_t>(M) * I);
-  be.matmul(w.mlp.down, s.g.f(), s.o.f(), M);
+  project1(be, io.prefill, w.mlp.down, s.g.f(), s.o.f(), M);
   if (io.defer_add) return;  // h += s.o is left to the caller (the next layer's add_rmsnorm)
   be.add(h, s.o.f(), MH);
   dump_rows(dump, name + ".out", h, MH);

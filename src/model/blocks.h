@@ -61,8 +61,9 @@ LayerWeights load_layer(WeightSet& ws, const std::string& prefix, bool full_atte
 // GDN layers advance `gdn_state` row by row and capture per-row states when `capture` is set.
 struct LayerIO {
   const StepMeta* meta = nullptr;  // backend memory
-  float* kcache = nullptr;
-  float* vcache = nullptr;
+  void* kcache = nullptr;          // [max_pos, n_kv_heads*head_dim] of kv_dtype
+  void* vcache = nullptr;
+  DType kv_dtype = DType::F32;
   float* gdn_state = nullptr;
   float* capture = nullptr;
   int window = 0;
@@ -71,6 +72,9 @@ struct LayerIO {
   // its own MLP output in the scratch's `o` rows instead of adding it (no ".out" dump then).
   const float* pending = nullptr;
   bool defer_add = false;
+  // Prompt rows: projections through Backend::gemm (one call per weight), gdn_chunked (no
+  // capture) and attention_prefill instead of matmul(_group), gdn_rows and attention.
+  bool prefill = false;
 };
 void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h, int M, int H, int I,
                    const AttnDims& ad, const GdnDims& gd, float eps, const LayerIO& io,

@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "core/error.h"
+
 namespace qf {
 
 uint64_t next_graph_owner_id() {
@@ -9,17 +11,74 @@ uint64_t next_graph_owner_id() {
   return n++;
 }
 
-void GraphRunner::clear() {
-  for (auto& [k, e] : m_) be_->graph_destroy(e.graph);
-  m_.clear();
+GraphKey& GraphKey::field(const char* name, uint64_t value, int bits) {
+  if (bits < 1 || bits > 64 - used_bits_)
+    fail(ErrorKind::Internal, "graph key field '%s' asks for %d bits; %d of 64 are left", name, bits, 64 - used_bits_);
+  if (bits < 64 && value >> bits)
+    fail(ErrorKind::Internal, "graph key field '%s' = %llu does not fit its %d bits", name,
+         static_cast<unsigned long long>(value), bits);
+  packed_ |= value << used_bits_;
+  used_bits_ += bits;
+  return *this;
 }
 
-void GraphRunner::run(uint64_t key, const std::function<void()>& body) {
+GraphOwner& GraphOwner::operator=(GraphOwner&& o) noexcept {
+  if (this != &o) {
+    release();
+    runner_ = std::move(o.runner_);
+    id_ = o.id_;
+    o.id_ = 0;
+  }
+  return *this;
+}
+
+void GraphOwner::release() {
+  if (id_ == 0) return;
+  if (auto r = runner_.lock()) r->forget_owner(id_);
+  runner_.reset();
+  id_ = 0;
+}
+
+GraphRunner::GraphRunner(Backend* be, size_t max_entries) : be_(be), max_entries_(max_entries) {
+  QF_CHECK(max_entries >= 1, "a graph runner holding %zu keys", max_entries);
+}
+
+void GraphRunner::drop(std::map<Key, Entry>::iterator it) {
+  if (it->second.graph) be_->graph_destroy(it->second.graph);
+  m_.erase(it);
+}
+
+void GraphRunner::clear() {
+  while (!m_.empty()) drop(m_.begin());
+}
+
+void GraphRunner::forget_owner(uint64_t owner) {
+  auto it = m_.lower_bound(Key{owner, 0});
+  while (it != m_.end() && it->first.first == owner) drop(it++);
+}
+
+GraphRunner::Entry& GraphRunner::entry(const GraphKey& key) {
+  const Key k{key.owner(), key.packed()};
+  auto it = m_.find(k);
+  if (it == m_.end()) {
+    if (m_.size() >= max_entries_) {  // evict the least recently run key
+      auto lru = m_.begin();
+      for (auto i = m_.begin(); i != m_.end(); ++i)
+        if (i->second.last_run < lru->second.last_run) lru = i;
+      drop(lru);
+    }
+    it = m_.emplace(k, Entry{}).first;
+  }
+  it->second.last_run = ++tick_;
+  return it->second;
+}
+
+void GraphRunner::run(const GraphKey& key, const std::function<void()>& body) {
   if (!be_->graphs_enabled()) {
     body();
     return;
   }
-  Entry& e = m_[key];
+  Entry& e = entry(key);
   const uint64_t epoch = be_->graph_epoch();
   if (e.graph && e.epoch != epoch) {  // a scratch buffer moved: the recording is stale
     be_->graph_destroy(e.graph);

@@ -20,7 +20,8 @@ const char* target_layout_name(TargetLayout l) {
 Qwen38Model::~Qwen38Model() = default;
 Qwen38Model::Qwen38Model() = default;
 
-std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* be, int max_rows) {
+std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* be, int max_rows,
+                                               const WeightOptions& w) {
   std::unique_ptr<Qwen38Model> m(new Qwen38Model());
   m->be_ = be;
   m->max_rows_ = max_rows;
@@ -50,14 +51,14 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load(const std::string& dir, Backend* 
          dir.c_str(), st.size());
   }
   if (c.tie_word_embeddings && !st.find(lm_name)) lm_name = m->prefix_ + "embed_tokens.weight";
-  m->ws_ = std::make_unique<WeightSet>(be, m->store_.get());
+  m->ws_ = std::make_unique<WeightSet>(be, m->store_.get(), w);
   m->has_mtp_ = c.mtp_num_hidden_layers > 0 && st.find("mtp.fc.weight") != nullptr;
   m->build(dir, lm_name);
   return m;
 }
 
 std::unique_ptr<Qwen38Model> Qwen38Model::load_synthetic(const std::string& config_path, Backend* be, int max_rows,
-                                                         uint64_t seed) {
+                                                         uint64_t seed, const WeightOptions& w) {
   std::unique_ptr<Qwen38Model> m(new Qwen38Model());
   m->be_ = be;
   m->max_rows_ = max_rows;
@@ -66,7 +67,7 @@ std::unique_ptr<Qwen38Model> Qwen38Model::load_synthetic(const std::string& conf
   const bool mm = m->cfg_.layout == "multimodal";
   m->layout_ = mm ? TargetLayout::Multimodal : TargetLayout::Text;
   m->prefix_ = mm ? "model.language_model." : "model.";
-  m->ws_ = std::make_unique<WeightSet>(be, seed);
+  m->ws_ = std::make_unique<WeightSet>(be, seed, w);
   m->has_mtp_ = m->cfg_.mtp_num_hidden_layers > 0;
   m->build(config_path + " (synthetic random weights)", "lm_head.weight");
   return m;
@@ -91,18 +92,31 @@ void Qwen38Model::build(const std::string& origin, const std::string& lm_name) {
 
   WeightSet& ws = *m->ws_;
   const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
-  Progress progress("loading target", static_cast<size_t>(c.num_hidden_layers) + 2);
+  // The bar counts the checkpoint bytes of the text model's tensors and the head (synthetic
+  // weights: no bar): the globals first, then each layer's tensors.
+  const std::vector<std::string> names = store_ ? store_->names() : std::vector<std::string>{};
+  auto bytes_of = [&](const std::string& prefix, const std::string& exact) {
+    size_t b = 0;
+    for (const std::string& n : names)
+      if ((!prefix.empty() && n.rfind(prefix, 0) == 0) || n == exact) b += store_->find(n)->nbytes;
+    return b;
+  };
+  const std::string layers_prefix = m->prefix_ + "layers.";
+  size_t total = bytes_of(m->prefix_, lm_name.rfind(m->prefix_, 0) == 0 ? "" : lm_name);
+  size_t loaded = total - bytes_of(layers_prefix, "");
+  Progress progress("loading target", total);
   m->embed_ = ws.matrix(m->prefix_ + "embed_tokens.weight", V, H, /*matmul_only=*/false);
   m->lm_head_ = ws.matrix(lm_name, V, H);
   m->final_norm_ = ws.norm(m->prefix_ + "norm.weight", H, m->norm_form_);
-  progress.add(2);
+  progress.set(loaded);
   int n_full = 0, n_gdn = 0;
   for (int L = 0; L < c.num_hidden_layers; L++) {
     const bool full = c.full_attention[L];
     m->layers_.push_back(load_layer(ws, m->prefix_ + "layers." + std::to_string(L) + ".", full, H, I,
                                     m->ad_, m->gd_, m->norm_form_));
     m->layer_slot_.push_back(full ? n_full++ : n_gdn++);
-    progress.add(1);
+    loaded += bytes_of(layers_prefix + std::to_string(L) + ".", "");
+    progress.set(loaded);
   }
   progress.done();
 
@@ -114,7 +128,8 @@ void Qwen38Model::build(const std::string& origin, const std::string& lm_name) {
   m->hidden_final_ = DeviceBuffer(be, R * H * sizeof(float));
   m->logits_ = DeviceBuffer(be, R * V * sizeof(float));
   m->argmax_ = DeviceBuffer(be, R * sizeof(int32_t));
-  m->graphs_ = std::make_unique<GraphRunner>(be);
+  m->out_hidden_ = m->hidden_final_.f();
+  m->graphs_ = std::make_shared<GraphRunner>(be);
   log_info("target: %s, layout %s, %d layers (%d attention, %d deltanet), hidden %d, vocab %d, %.1f MB of weights%s",
            origin.c_str(), target_layout_name(m->layout_), c.num_hidden_layers, n_full, n_gdn, H, V,
            ws.imported_bytes() / 1e6, m->has_mtp_ ? ", MTP head present" : "");
@@ -129,18 +144,60 @@ void Qwen38Model::set_taps(const std::vector<int>& ids) {
   tap_ids_ = ids;
   graphs_->clear();  // recordings refer to the old tap buffer
   taps_ = DeviceBuffer(be_, static_cast<size_t>(max_rows_) * ids.size() * cfg_.hidden_size * sizeof(float));
+  out_taps_ = taps_.f();
+  pre_.taps.reset();  // resized for the new tap count at the next prefill forward
+}
+
+void Qwen38Model::check_prefill_rows(int rows) {
+  if (rows < 0 || rows % Backend::kPrefillChunk != 0)
+    fail(ErrorKind::Usage, "prefill chunk of %d rows: must be 0 (decode ops) or a positive multiple of %d", rows,
+         Backend::kPrefillChunk);
+}
+
+void Qwen38Model::set_prefill_rows(int rows) {
+  check_prefill_rows(rows);
+  prefill_rows_ = rows;
+  pre_ = PrefillBuffers{};
+  out_hidden_ = hidden_final_.f();
+  out_taps_ = taps_.f();
+}
+
+// Grows the prefill buffers to hold `M` rows (rounded up to a chunk, at most prefill_rows_).
+void Qwen38Model::ensure_prefill_buffers(int M) {
+  const int C = Backend::kPrefillChunk;
+  const int rows = std::min(prefill_rows_, (M + C - 1) / C * C);
+  const size_t H = cfg_.hidden_size, nt = tap_ids_.size();
+  if (pre_.rows < rows) {
+    const size_t R = static_cast<size_t>(rows);
+    pre_.scratch = BlockScratch{};  // free before allocating the larger set
+    pre_.scratch.allocate(be_, rows, cfg_.hidden_size, ad_, &gd_, cfg_.intermediate_size);
+    pre_.ids = DeviceBuffer(be_, R * sizeof(int32_t));
+    pre_.h = DeviceBuffer(be_, R * H * sizeof(float));
+    pre_.hidden_final = DeviceBuffer(be_, R * H * sizeof(float));
+    pre_.taps.reset();
+    pre_.rows = rows;
+  }
+  const size_t tap_bytes = static_cast<size_t>(pre_.rows) * nt * H * sizeof(float);
+  if (nt > 0 && pre_.taps.bytes() < tap_bytes) pre_.taps = DeviceBuffer(be_, tap_bytes);
+}
+
+void Qwen38Model::set_kv_dtype(DType dt) {
+  if (dt != DType::BF16 && dt != DType::F32)
+    fail(ErrorKind::Usage, "KV cache dtype must be BF16 or F32 (got %s)", dtype_name(dt));
+  kv_dtype_ = dt;
 }
 
 std::unique_ptr<TargetState> Qwen38Model::new_state(int max_pos, int capture_slots) const {
   auto st = std::make_unique<TargetState>();
   st->max_pos = max_pos;
-  st->id = next_graph_owner_id();
+  st->graphs = GraphOwner(graphs_);
   st->capture_slots = capture_slots;
-  const size_t kvw = static_cast<size_t>(ad_.n_kv_heads) * ad_.head_dim;
+  st->kv_dtype = kv_dtype_;
+  const size_t row_bytes = static_cast<size_t>(ad_.n_kv_heads) * ad_.head_dim * dtype_size(kv_dtype_);
   for (size_t L = 0; L < layers_.size(); L++) {
     if (layers_[L].full_attention) {
-      st->kcache.emplace_back(be_, static_cast<size_t>(max_pos) * kvw * sizeof(float));
-      st->vcache.emplace_back(be_, static_cast<size_t>(max_pos) * kvw * sizeof(float));
+      st->kcache.emplace_back(be_, static_cast<size_t>(max_pos) * row_bytes);
+      st->vcache.emplace_back(be_, static_cast<size_t>(max_pos) * row_bytes);
     } else {
       st->gdn.emplace_back(be_, gd_.state_floats() * sizeof(float));
       if (capture_slots > 0)
@@ -157,7 +214,9 @@ void Qwen38Model::reset(TargetState& st) const {
 
 void Qwen38Model::forward(TargetState& st, const int32_t* host_tokens, int M, const ForwardOpts& o,
                           const DumpHook* dump) {
-  QF_CHECK(M >= 1 && M <= max_rows_, "forward of %d rows (max %d)", M, max_rows_);
+  const int R = o.prefill ? prefill_rows_ : max_rows_;
+  QF_CHECK(M >= 1 && M <= R, "%s forward of %d rows (max %d)", o.prefill ? "prefill" : "target", M, R);
+  if (o.prefill && o.capture) fail(ErrorKind::Internal, "a prefill forward does not capture GDN states");
   if (st.pos + M > st.max_pos)
     fail(ErrorKind::Usage, "context full: %d + %d tokens exceed the %d positions allocated", st.pos, M,
          st.max_pos);
@@ -169,16 +228,23 @@ void Qwen38Model::forward(TargetState& st, const int32_t* host_tokens, int M, co
   for (int i = 0; i < M; i++)
     if (host_tokens[i] < 0 || host_tokens[i] >= V)
       fail(ErrorKind::Usage, "token id %d outside the vocabulary (%d)", host_tokens[i], V);
-  be.upload(ids_.get(), host_tokens, M * sizeof(int32_t));
+  if (o.prefill) ensure_prefill_buffers(M);
+  be.upload(o.prefill ? pre_.ids.get() : ids_.get(), host_tokens, M * sizeof(int32_t));
   StepMeta meta{st.pos, 0, st.pos + M, 0};
   be.upload(meta_.get(), &meta, sizeof(meta));
+  out_hidden_ = o.prefill ? pre_.hidden_final.f() : hidden_final_.f();
+  out_taps_ = o.prefill ? pre_.taps.f() : taps_.f();
 
-  if (dump && *dump) {  // named intermediates: always direct
+  if ((dump && *dump) || o.prefill) {  // named intermediates, prefill: always direct
     forward_ops(st, M, o, dump);
   } else if (M <= kMaxGraphRows) {
-    const uint64_t key = static_cast<uint64_t>(M) | (o.lm_head ? 1ull << 8 : 0) | (o.logits_last_only ? 1ull << 9 : 0) |
-                         (o.capture ? 1ull << 10 : 0) | (o.taps ? 1ull << 11 : 0) | (o.final_hidden ? 1ull << 12 : 0) |
-                         (st.id << 16);
+    const GraphKey key = GraphKey(st.graphs.id())
+                             .field("rows", static_cast<uint64_t>(M), 16)
+                             .flag("lm_head", o.lm_head)
+                             .flag("logits_last_only", o.logits_last_only)
+                             .flag("capture", o.capture)
+                             .flag("taps", o.taps)
+                             .flag("final_hidden", o.final_hidden);
     graphs_->run(key, [&] { forward_ops(st, M, o, nullptr); });
   } else {
     forward_ops(st, M, o, nullptr);
@@ -191,8 +257,12 @@ void Qwen38Model::forward_ops(TargetState& st, int M, const ForwardOpts& o, cons
   const int H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
   Backend& be = *be_;
-  float* h = h_.f();
-  be.embed(embed_, ids_.i(), h, M);
+  const bool pre = o.prefill;
+  BlockScratch& scratch = pre ? pre_.scratch : scratch_;
+  float* h = pre ? pre_.h.f() : h_.f();
+  float* hidden_final = pre ? pre_.hidden_final.f() : hidden_final_.f();
+  float* taps = pre ? pre_.taps.f() : taps_.f();
+  be.embed(embed_, pre ? pre_.ids.i() : ids_.i(), h, M);
   if (dump && *dump) (*dump)("embed", h, static_cast<size_t>(M) * H);
   const int nt = static_cast<int>(tap_ids_.size());
   const float* pending = nullptr;
@@ -200,6 +270,7 @@ void Qwen38Model::forward_ops(TargetState& st, int M, const ForwardOpts& o, cons
     LayerIO io;
     io.meta = this->meta();
     io.pending = pending;
+    io.prefill = pre;
     bool tapped = false;
     if (o.taps)
       for (int t = 0; t < nt; t++) tapped = tapped || tap_ids_[t] == static_cast<int>(L);
@@ -208,26 +279,31 @@ void Qwen38Model::forward_ops(TargetState& st, int M, const ForwardOpts& o, cons
     io.defer_add = !(dump && *dump) && !tapped && L + 1 < layers_.size();
     const int slot = layer_slot_[L];
     if (layers_[L].full_attention) {
-      io.kcache = st.kcache[slot].f();
-      io.vcache = st.vcache[slot].f();
+      io.kcache = st.kcache[slot].get();
+      io.vcache = st.vcache[slot].get();
+      io.kv_dtype = st.kv_dtype;
     } else {
       io.gdn_state = st.gdn[slot].f();
       io.capture = o.capture ? st.capture[slot].f() : nullptr;
     }
-    decoder_layer(be, layers_[L], scratch_, h, M, H, I, ad_, gd_, eps, io, dump,
+    decoder_layer(be, layers_[L], scratch, h, M, H, I, ad_, gd_, eps, io, dump,
                   "layer." + std::to_string(L));
-    pending = io.defer_add ? scratch_.o.f() : nullptr;
+    pending = io.defer_add ? scratch.o.f() : nullptr;
     if (o.taps)
       for (int t = 0; t < nt; t++)
-        if (tap_ids_[t] == static_cast<int>(L)) be.copy_2d(taps_.f() + t * H, nt * H, h, H, M, H);
+        if (tap_ids_[t] == static_cast<int>(L)) be.copy_2d(taps + t * H, nt * H, h, H, M, H);
   }
   if (!o.lm_head && !o.final_hidden) return;
-  // Final norm over every row (MTP reads them all); the head only over the rows asked for.
-  be.rmsnorm(h, final_norm_.ptr(), hidden_final_.f(), M, H, eps);
-  if (dump && *dump) (*dump)("final_hidden", hidden_final_.f(), static_cast<size_t>(M) * H);
+  // Final norm over every row (MTP reads them all); the head only over the rows asked for. A
+  // prefill without final_hidden needs the last row only. The head is the matmul for every
+  // forward (one row in prefill: the GEMV, as in decode).
+  const int r0 = (o.logits_last_only || pre) ? M - 1 : 0, nr = M - r0;
+  const int n0 = pre && !o.final_hidden ? r0 : 0;
+  be.rmsnorm(h + static_cast<size_t>(n0) * H, final_norm_.ptr(), hidden_final + static_cast<size_t>(n0) * H, M - n0,
+             H, eps);
+  if (dump && *dump && n0 == 0) (*dump)("final_hidden", hidden_final, static_cast<size_t>(M) * H);
   if (!o.lm_head) return;
-  const int r0 = o.logits_last_only ? M - 1 : 0, nr = M - r0;
-  be.matmul(lm_head_, hidden_final_.f() + static_cast<size_t>(r0) * H, logits_.f(), nr);
+  be.matmul(lm_head_, hidden_final + static_cast<size_t>(r0) * H, logits_.f(), nr);
   if (dump && *dump) (*dump)("logits", logits_.f(), static_cast<size_t>(nr) * V);
   be.argmax_rows(logits_.f(), nr, V, argmax_.i());
 }

@@ -4,8 +4,17 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "io/quantize.h"
 
 namespace qf {
+
+WeightSet::WeightSet(Backend* be, const TensorStore* store, const WeightOptions& opt)
+    : be_(be), store_(store), opt_(opt) {
+  if (opt_.int4) cache_ = Int4Cache::open_or_build(*store_, opt_.spec, opt_.cache_root);
+}
+
+WeightSet::WeightSet(Backend* be, uint64_t seed, const WeightOptions& opt)
+    : be_(be), store_(nullptr), opt_(opt), seed_(seed) {}
 
 WeightSet::~WeightSet() {
   for (const void* p : imported_) be_->release_weight(p);
@@ -32,7 +41,23 @@ const void* WeightSet::import(const TensorInfo& t) {
   return p;
 }
 
-// The backend's GEMV layout for a matrix only matmul reads: the new copy replaces the loaded one.
+void WeightSet::release_one(const void* p) {
+  for (size_t i = owned_.size(); i-- > 0;)
+    if (owned_[i] == p) {
+      be_->release(owned_[i]);
+      owned_.erase(owned_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+  for (size_t i = imported_.size(); i-- > 0;)
+    if (imported_[i] == p) {
+      be_->release_weight(imported_[i]);
+      imported_.erase(imported_.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    }
+}
+
+// The backend's GEMV layout for a matrix only matmul reads: the new copy replaces the loaded one
+// (for int4 the copy carries the scales and biases too).
 void WeightSet::relayout(WeightRef& w, const std::string& name) {
   uint8_t layout = WeightRef::kRowMajor;
   const void* p = nullptr;
@@ -42,23 +67,47 @@ void WeightSet::relayout(WeightRef& w, const std::string& name) {
     fail(e.kind(), "tensor '%s': %s", name.c_str(), e.what());
   }
   if (!p) return;
-  void* old = const_cast<void*>(w.data);
-  if (!owned_.empty() && owned_.back() == old) {
-    owned_.pop_back();
-    be_->release(old);
-  } else if (!imported_.empty() && imported_.back() == old) {
-    imported_.pop_back();
-    be_->release_weight(old);
-  }
+  for (const void* old : {w.data, w.scales, w.biases})
+    if (old) release_one(old);
   imported_.push_back(p);
   w.data = p;
   w.layout = layout;
+  if (w.dtype == DType::U32) w.scales = w.biases = nullptr;
+}
+
+// Random bf16 values as synthetic_scale gives them, quantized on the backend: the int4 shapes
+// and value ranges of a quantized checkpoint.
+WeightRef WeightSet::synthetic_int4(const std::string& name, int64_t rows, int64_t cols) {
+  const int g = opt_.spec.group;
+  const size_t n = static_cast<size_t>(rows) * cols, ng = static_cast<size_t>(rows) * (cols / g);
+  DeviceBuffer tmp(be_, n * 2);
+  be_->fill_random(tmp.get(), n, DType::BF16, name_seed(name), synthetic_scale(name, cols));
+  WeightRef w;
+  w.rows = rows;
+  w.cols = cols;
+  w.dtype = DType::U32;
+  w.group = g;
+  void* q = be_->alloc(n / 2);
+  void* sc = be_->alloc(ng * 2);
+  void* bi = be_->alloc(ng * 2);
+  owned_.insert(owned_.end(), {q, sc, bi});
+  be_->quantize_int4(tmp.get(), rows, cols, g, q, sc, bi);
+  w.data = q;
+  w.scales = sc;
+  w.biases = bi;
+  imported_bytes_ += int4_matrix_bytes(rows, cols, g);
+  return w;
 }
 
 WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols, bool matmul_only) {
   WeightRef w;
   w.rows = rows;
   w.cols = cols;
+  if (synthetic() && opt_.int4 && int4_load_quantizes(name, DType::BF16, {rows, cols}, opt_.spec, false)) {
+    w = synthetic_int4(name, rows, cols);
+    if (matmul_only) relayout(w, name);
+    return w;
+  }
   if (synthetic()) {
     const size_t n = static_cast<size_t>(rows) * cols;
     void* p = be_->alloc(n * 2);
@@ -73,6 +122,18 @@ WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols,
   const std::string base = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0
                                ? name.substr(0, name.size() - 7)
                                : name;
+  if (const Int4Cache::Matrix* m = cache_ ? cache_->find(name) : nullptr) {
+    // The int4 cache's copy of a float matrix (checked against the source when the cache was
+    // opened; the shape asked for here must still be the source's).
+    store_->require(name, {}, {rows, cols});
+    w.dtype = DType::U32;
+    w.group = opt_.spec.group;
+    w.data = import(*m->q);
+    w.scales = import(*m->scales);
+    w.biases = import(*m->biases);
+    if (matmul_only) relayout(w, name);
+    return w;
+  }
   const TensorInfo* scales = store_->find(base + ".scales");
   if (scales) {
     // mlx affine int4: weight u32 [rows, cols/8], scales/biases bf16 [rows, cols/group].
@@ -82,6 +143,12 @@ WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols,
       fail(ErrorKind::Tensor, "tensor '%s.scales' in %s: expected shape [%lld, cols/group], found %s",
            base.c_str(), scales->file.c_str(), (long long)rows, scales->shape_str().c_str());
     const int64_t ng = scales->shape[1];
+    // The group comes from the scales' shape; an unsupported one would be dequantized with the
+    // wrong scale per word on the CPU (8 columns per word) or per lane on the GPU (32).
+    check_int4_group(ErrorKind::Tensor,
+                     strf("tensor '%s' (scales %s in %s)", name.c_str(), scales->shape_str().c_str(),
+                          scales->file.c_str()),
+                     cols, cols / ng);
     const TensorInfo& s = store_->require(base + ".scales", {DType::BF16}, {rows, ng});
     const TensorInfo& b = store_->require(base + ".biases", {DType::BF16}, {rows, ng});
     w.dtype = DType::U32;
@@ -89,6 +156,7 @@ WeightRef WeightSet::matrix(const std::string& name, int64_t rows, int64_t cols,
     w.data = import(q);
     w.scales = import(s);
     w.biases = import(b);
+    if (matmul_only) relayout(w, name);
     return w;
   }
   const TensorInfo& t = store_->require(name, {DType::BF16, DType::F16, DType::F32}, {rows, cols});

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "io/int4_cache.h"
 #include "io/safetensors.h"
 
 namespace qf {
@@ -24,21 +25,36 @@ struct NormVec {
   const float* ptr() const { return w.f(); }
 };
 
+// How a model's weights are loaded (EngineOptions::weights, --weights).
+struct WeightOptions {
+  // Quantize the float matrices the int4 rule selects (io/int4_cache.h) at load, through the
+  // cache file; matrices already int4 in the checkpoint stay as they are.
+  bool int4 = false;
+  Int4Spec spec;           // group and the lm_head switch
+  std::string cache_root;  // fallback cache folder; "" = int4_cache_root() ($XDG_CACHE_HOME/qflash)
+};
+
 // Owns everything imported onto a backend for one model.
 class WeightSet {
  public:
-  WeightSet(Backend* be, const TensorStore* store) : be_(be), store_(store) {}
+  // int4 mode finds or builds the int4 cache of `store` here, before any weight is imported.
+  WeightSet(Backend* be, const TensorStore* store, const WeightOptions& opt = {});
   // Synthetic mode (no checkpoint): every requested tensor exists, with random values made on
-  // the backend (Backend::fill_random), for full-size speed measurements.
-  WeightSet(Backend* be, uint64_t seed) : be_(be), store_(nullptr), seed_(seed) {}
+  // the backend (Backend::fill_random; int4 mode: quantized there, Backend::quantize_int4), for
+  // full-size speed measurements.
+  WeightSet(Backend* be, uint64_t seed, const WeightOptions& opt = {});
   bool synthetic() const { return store_ == nullptr; }
+  // The int4 cache in use (nullptr unless int4 mode on a checkpoint).
+  const Int4CacheStatus* int4_cache() const { return cache_ ? &cache_->status() : nullptr; }
+  const WeightOptions& options() const { return opt_; }
   ~WeightSet();
   WeightSet(const WeightSet&) = delete;
   WeightSet& operator=(const WeightSet&) = delete;
 
   bool has(const std::string& name) const { return !store_ || store_->find(name) != nullptr; }
   // A matrix [rows, cols]: bf16/f16/f32 under `name`, or mlx int4 (`name` u32 [rows, cols/8] +
-  // `<base>.scales` / `<base>.biases`) when `name` ends with ".weight" and scales exist.
+  // `<base>.scales` / `<base>.biases`) when `name` ends with ".weight" and scales exist, or (int4
+  // mode) the int4 cache's copy of `name`.
   // matmul_only: the matrix is only ever passed to Backend::matmul / matmul_group, so the backend
   // may keep it in its own GEMV layout (Backend::relayout_matrix); false for the embedding and
   // codebooks, whose rows are read directly.
@@ -56,6 +72,8 @@ class WeightSet {
  private:
   Backend* be_;
   const TensorStore* store_;
+  WeightOptions opt_;
+  std::unique_ptr<Int4Cache> cache_;
   std::vector<const void*> imported_;
   std::vector<void*> owned_;  // synthetic weights
   uint64_t seed_ = 0;
@@ -63,6 +81,8 @@ class WeightSet {
   size_t imported_bytes_ = 0;
   const void* import(const TensorInfo& t);
   void relayout(WeightRef& w, const std::string& name);
+  void release_one(const void* p);
+  WeightRef synthetic_int4(const std::string& name, int64_t rows, int64_t cols);
 };
 
 // Converts a full NormVec's host values: adds 1 to a ZeroCentred source exactly once.

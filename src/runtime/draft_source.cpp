@@ -7,28 +7,68 @@
 
 namespace qf {
 
+void DeferredRows::push(Backend& be, const float* src, int width, int pos0, int n, const int32_t* next_tokens) {
+  const int held = rows();
+  QF_CHECK(n >= 1 && fits(n), "deferred rows: %d held, %d more (capacity %d)", held, n, kCapacity);
+  if (held == 0) pos0_ = pos0;
+  QF_CHECK(pos0 == pos0_ + held, "deferred rows at %d..%d, next rows start at %d", pos0_, pos0_ + held, pos0);
+  const size_t row_bytes = static_cast<size_t>(width) * sizeof(float);
+  if (buf_.bytes() < kCapacity * row_bytes) buf_ = DeviceBuffer(&be, kCapacity * row_bytes);
+  be.copy(buf_.f() + static_cast<size_t>(held) * width, src, n * row_bytes);
+  tokens_.insert(tokens_.end(), next_tokens, next_tokens + n);
+}
+
 void DraftSource::draft_sampled(int32_t, int, int, float, Rng&, int32_t*, std::vector<DraftDist>&) {
   fail(ErrorKind::Usage, "draft source '%s' does not support sampling (temperature > 0)", name().c_str());
 }
 
-MtpDraftSource::MtpDraftSource(Qwen38Model& target, int max_pos)
+MtpDraftSource::MtpDraftSource(TargetModel& target, int max_pos)
     : head_(MtpHead::load(target, max_pos)), be_(&target.backend()), H_(target.config().hidden_size),
       V_(target.config().vocab_size) {
   seed_hidden_ = DeviceBuffer(be_, static_cast<size_t>(H_) * sizeof(float));
 }
 
-void MtpDraftSource::begin(int) {
+void MtpDraftSource::begin(int prompt_len) {
+  pending_.clear();
   seed_draft_ = -1;
   seed_pos_ = -1;
+  prompt_len_ = prompt_len;
 }
 
 // Committed pairs (t_{j+1}, H_j) for j = pos0..pos0+n-1 run through the head now; the last
 // one's output is the seed: its argmax is the next round's first draft, its Hm the chain input.
-void MtpDraftSource::observe(const Qwen38Model& target, int pos0, int n, const int32_t* next_tokens) {
+void MtpDraftSource::observe(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
+  catch_up();
+  run_pairs(target.final_hidden(), pos0, n, next_tokens, false);
+}
+
+// Plain steps: the pairs' hidden rows are kept; the head runs them in catch_up(), through the
+// same ops observe() would have used (the head's KV cache ends up the same).
+void MtpDraftSource::observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
+  if (!pending_.fits(n)) catch_up();
+  if (!pending_.fits(n) || pos0 < prompt_len_) return observe(target, pos0, n, next_tokens);
+  pending_.push(*be_, target.final_hidden(), H_, pos0, n, next_tokens);
+}
+
+void MtpDraftSource::catch_up() {
+  if (pending_.rows() == 0) return;
+  run_pairs(pending_.data(), pending_.pos0(), pending_.rows(), pending_.tokens(), true);
+  pending_.clear();
+}
+
+void MtpDraftSource::run_pairs(const float* hidden, int pos0, int n, const int32_t* next_tokens, bool direct) {
   const int H = H_;
+  if (pos0 < prompt_len_) {  // prompt pairs (the target ran them as prefill): the prefill ops
+    head_->forward_prefill(next_tokens, hidden, n, pos0);
+    be_->copy(seed_hidden_.get(), head_->prefill_hidden(), H * sizeof(float));
+    be_->download(&seed_draft_, head_->argmax_ids(), sizeof(int32_t));
+    seed_pos_ = pos0 + n - 1;
+    seed_row_ = 0;
+    return;
+  }
   for (int off = 0; off < n; off += head_->max_rows()) {
     const int m = std::min(head_->max_rows(), n - off);
-    head_->forward(next_tokens + off, target.final_hidden() + static_cast<size_t>(off) * H, m, pos0 + off);
+    head_->forward(next_tokens + off, hidden + static_cast<size_t>(off) * H, m, pos0 + off, nullptr, direct);
     if (off + m == n) {
       be_->copy(seed_hidden_.get(), head_->out_hidden() + static_cast<size_t>(m - 1) * H, H * sizeof(float));
       be_->download(&seed_draft_, head_->argmax_ids() + (m - 1), sizeof(int32_t));
@@ -36,6 +76,11 @@ void MtpDraftSource::observe(const Qwen38Model& target, int pos0, int n, const i
       seed_row_ = m - 1;
     }
   }
+}
+
+std::vector<StateRegion> MtpDraftSource::snapshot_regions(int n) const {
+  const size_t bytes = static_cast<size_t>(n) * head_->kv_row_bytes();
+  return {{head_->kv_rows(false), bytes}, {head_->kv_rows(true), bytes}};
 }
 
 void MtpDraftSource::draft(int32_t anchor, int pos, int k, int32_t* out) {
@@ -77,48 +122,97 @@ DFlashDraftSource::DFlashDraftSource(std::unique_ptr<DFlash2Drafter> d) : drafte
 
 void DFlashDraftSource::begin(int prompt_len) {
   drafter_->reset();
-  const int W = drafter_->config().sliding_window;
-  skip_before_ = W > 0 ? std::max(0, prompt_len - (W - 1)) : 0;
+  pending_.clear();
+  prompt_len_ = prompt_len;
+  fresh_skip_ = window_start(prompt_len);
+  skip_before_ = fresh_skip_;
 }
 
-void DFlashDraftSource::observe(const Qwen38Model& target, int pos0, int n, const int32_t*) {
+int DFlashDraftSource::window_start(int n) const {
+  const int W = drafter_->config().sliding_window;
+  return W > 0 ? std::max(0, n - (W - 1)) : 0;
+}
+
+void DFlashDraftSource::prepare_snapshots(int n) { skip_before_ = std::min(skip_before_, window_start(n)); }
+
+std::vector<StateRegion> DFlashDraftSource::resume_regions(int n) {
+  drafter_->set_context(window_start(n), n);
+  return snapshot_regions(n);
+}
+
+std::vector<StateRegion> DFlashDraftSource::snapshot_regions(int n) const {
+  if (drafter_->context_rows() == 0) {  // nothing appended yet: only an empty window is valid
+    QF_CHECK(window_start(n) == n, "drafter snapshot at %d with an empty context", n);
+    return {};
+  }
+  return drafter_->context_regions(window_start(n), n);
+}
+
+void DFlashDraftSource::observe(const TargetModel& target, int pos0, int n, const int32_t*) {
+  catch_up();
+  // Prompt rows come from the target's prefill buffers at any offset: run them without graphs
+  // (a recording is keyed by the tap-row pointer).
+  append(target.tap_rows(), pos0, n, pos0 < prompt_len_);
+}
+
+// Plain steps: the tap rows are kept and appended to the context in catch_up(), in passes of up
+// to max_rows rows (one pass reads the context weights once for all of them).
+void DFlashDraftSource::observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
+  if (!pending_.fits(n)) catch_up();
+  if (!pending_.fits(n) || pos0 < prompt_len_) return observe(target, pos0, n, next_tokens);
+  const int w = static_cast<int>(target.taps().size()) * target.config().hidden_size;
+  pending_.push(drafter_->backend(), target.tap_rows(), w, pos0, n, next_tokens);
+}
+
+void DFlashDraftSource::catch_up() {
+  if (pending_.rows() == 0) return;
+  append(pending_.data(), pending_.pos0(), pending_.rows(), true);
+  pending_.clear();
+}
+
+void DFlashDraftSource::append(const float* tap_rows, int pos0, int n, bool direct) {
   int first = 0;
   if (drafter_->context_rows() == 0 && pos0 < skip_before_) first = std::min(n, skip_before_ - pos0);
   if (first >= n) return;
-  const size_t w = target.taps().size() * static_cast<size_t>(target.config().hidden_size);
-  drafter_->append_context(target.tap_rows() + first * w, n - first, pos0 + first);
+  const size_t w = drafter_->config().target_layer_ids.size() * static_cast<size_t>(drafter_->config().hidden_size);
+  drafter_->append_context(tap_rows + first * w, n - first, pos0 + first, nullptr, direct);
+  if (pos0 + n == prompt_len_) drafter_->trim_context(fresh_skip_);  // rows kept only for snapshots
 }
 
 void DFlashDraftSource::draft(int32_t anchor, int pos, int k, int32_t* out) {
   drafter_->draft(anchor, pos, k, out);
 }
 
-}  // namespace qf
-
-namespace qf {
-
 // DFlash2 at T > 0: the drafter's block pass and candidates as in greedy drafting, then the
 // selector walk samples k* ~ softmax(s / T) over the top-K given the sampled predecessor
-// (spec/dflash2.md 3.1 step 5); q_j is that softmax on the candidate ids. DFlash v1 samples each
+// (docs/spec/dflash2.md 3.1 step 5); q_j is that softmax on the candidate ids. DFlash v1 samples each
 // row from softmax(logits / T) independently.
 void DFlashDraftSource::draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
                                       std::vector<DraftDist>& q) {
-  DFlash2Drafter& d = *drafter_;
-  d.draft(anchor, pos, k, out);
-  Backend& be = d.backend();
+  drafter_->draft(anchor, pos, k, out);
   q.assign(k, DraftDist{});
-  const DrafterConfig& c = d.config();
-  if (!d.is_v2()) {
-    const int V = c.vocab_size;
-    std::vector<float> logits(static_cast<size_t>(k) * V);
-    be.download(logits.data(), d.logits(), logits.size() * 4);
-    for (int j = 0; j < k; j++) {
-      softmax_t(logits.data() + static_cast<size_t>(j) * V, V, temperature, q[j].probs);
-      out[j] = sample_from(q[j].probs, rng);
-    }
-    return;
+  if (drafter_->is_v2())
+    sample_selector_walk(anchor, temperature, rng, k, out, q);
+  else
+    sample_rows(temperature, rng, k, out, q);
+}
+
+void DFlashDraftSource::sample_rows(float temperature, Rng& rng, int k, int32_t* out, std::vector<DraftDist>& q) {
+  DFlash2Drafter& d = *drafter_;
+  const int V = d.config().vocab_size;
+  std::vector<float> logits(static_cast<size_t>(k) * V);
+  d.backend().download(logits.data(), d.logits(), logits.size() * 4);
+  for (int j = 0; j < k; j++) {
+    softmax_t(logits.data() + static_cast<size_t>(j) * V, V, temperature, q[j].probs);
+    out[j] = sample_from(q[j].probs, rng);
   }
-  const int K = c.selector_top_k, R = c.selector_rank;
+}
+
+void DFlashDraftSource::sample_selector_walk(int32_t anchor, float temperature, Rng& rng, int k, int32_t* out,
+                                             std::vector<DraftDist>& q) {
+  DFlash2Drafter& d = *drafter_;
+  Backend& be = d.backend();
+  const int K = d.config().selector_top_k, R = d.config().selector_rank;
   std::vector<float> vals(static_cast<size_t>(k) * K), P(static_cast<size_t>(k) * R);
   std::vector<int32_t> ids(static_cast<size_t>(k) * K);
   be.download(vals.data(), d.cand_vals(), vals.size() * 4);

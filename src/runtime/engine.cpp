@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "backend/registry.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "runtime/fit.h"
@@ -31,55 +32,96 @@ std::string resolve_draft(const std::string& requested, const std::string& model
   return has_mtp ? "mtp" : "none";
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& device) {
-  if (device == "cpu") return make_cpu_backend();
-  std::string why;
-  if (device == "cuda") {
-    auto b = make_cuda_backend(&why);
-    if (!b) fail(ErrorKind::Backend, "--device cuda: %s", why.c_str());
-    return b;
+std::unique_ptr<Backend> make_backend(const std::string& device) { return create_backend(device); }
+
+WeightOptions weight_options(const EngineOptions& opt) {
+  WeightOptions w;
+  w.int4 = opt.weights == "int4";
+  w.spec.lm_head_int4 = opt.lm_head == "int4";
+  return w;
+}
+
+void check_before_upload(const std::string& model_dir, const EngineOptions& opt,
+                         const std::function<void(const MemoryEstimate&)>& fit) {
+  const TargetConfig cfg = load_target_config(model_dir);
+  const TensorStore st = TensorStore::open_dir(model_dir);
+  const bool has_mtp = cfg.mtp_num_hidden_layers > 0 && st.find("mtp.fc.weight") != nullptr;
+  const std::string d = resolve_draft(opt.draft, model_dir, has_mtp);
+  std::unique_ptr<TensorStore> dst;
+  if (d != "none" && d != "mtp") {
+    check_drafter_pair(load_drafter_config(d), cfg);  // config.json only: before its weights are opened
+    dst = std::make_unique<TensorStore>(TensorStore::open_dir(d));
   }
-  if (device != "auto") fail(ErrorKind::Usage, "--device must be auto, cpu or cuda (got '%s')", device.c_str());
-  if (auto b = make_cuda_backend(&why)) return b;
-  log_debug("no CUDA device: %s; using the CPU", why.c_str());
-  return make_cpu_backend();
+  // Verify width: up to 16 drafts + 1 (the largest DFlash2 block) keep a GDN capture slot each.
+  const WeightOptions wo = weight_options(opt);
+  fit(estimate_memory(cfg, st, dst.get(), static_cast<int>(opt.max_context), static_cast<int>(opt.max_rows),
+                      static_cast<int>(kMaxDraftK) + 1, static_cast<int>(opt.prefill_rows),
+                      wo.int4 ? &wo.spec : nullptr));
 }
 
 std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
+  validate_engine_options(opt);
   auto e = std::make_unique<Engine>();
+  e->opt_ = opt;
   e->model_dir_ = opt.model_dir.empty() ? default_model_dir() : opt.model_dir;
   if (!fs::exists(fs::path(e->model_dir_) / "config.json"))
     fail(ErrorKind::Io, "model folder '%s' has no config.json", e->model_dir_.c_str());
   e->be_ = make_backend(opt.device);
   e->tok_ = std::make_unique<Tokenizer>(Tokenizer::load(e->model_dir_));
   if (e->be_->is_gpu()) {
-    // Guard before any weight is uploaded: headers and config only.
-    const TargetConfig cfg = load_target_config(e->model_dir_);
-    const TensorStore st = TensorStore::open_dir(e->model_dir_);
-    const bool has_mtp = cfg.mtp_num_hidden_layers > 0 && st.find("mtp.fc.weight") != nullptr;
-    const std::string d = resolve_draft(opt.draft, e->model_dir_, has_mtp);
-    std::unique_ptr<TensorStore> dst;
-    if (d != "none" && d != "mtp") dst = std::make_unique<TensorStore>(TensorStore::open_dir(d));
     size_t total = 0;
     const size_t free_b = e->be_->memory_free(&total);
-    // Verify width: up to 16 drafts + 1 (the largest DFlash2 block) keep a GDN capture slot each.
-    check_fits(estimate_memory(cfg, st, dst.get(), opt.max_context, opt.max_rows, 17), free_b, total,
-               e->be_->name(), e->model_dir_);
+    check_before_upload(e->model_dir_, opt, [&](const MemoryEstimate& est) {
+      check_fits(est, free_b, total, e->be_->name(), e->model_dir_);
+    });
   }
-  e->target_ = Qwen38Model::load(e->model_dir_, e->be_.get(), opt.max_rows);
+  const int max_context = static_cast<int>(opt.max_context);
+  e->target_ = Qwen38Model::load(e->model_dir_, e->be_.get(), static_cast<int>(opt.max_rows), weight_options(opt));
+  e->target_->set_prefill_rows(static_cast<int>(opt.prefill_rows));
   e->draft_ = resolve_draft(opt.draft, e->model_dir_, e->target_->has_mtp());
   if (e->draft_ == "mtp") {
-    e->source_ = std::make_unique<MtpDraftSource>(*e->target_, opt.max_context);
+    e->source_ = std::make_unique<MtpDraftSource>(*e->target_, max_context);
   } else if (e->draft_ != "none") {
     e->source_ = std::make_unique<DFlashDraftSource>(DFlash2Drafter::load(e->draft_, *e->target_));
   }
-  e->gen_ = std::make_unique<Generator>(*e->target_, e->source_.get(), opt.max_context);
+  e->gen_ = std::make_unique<Generator>(*e->target_, e->source_.get(), max_context);
+  if (opt.prefix_cache_mb > 0) {
+    e->cache_ = std::make_unique<PrefixCache>(*e->be_, static_cast<size_t>(opt.prefix_cache_mb) << 20);
+    e->gen_->set_prefix_cache(e->cache_.get());
+  }
   log_info("backend %s, draft %s", e->be_->name().c_str(), e->source_ ? e->source_->name().c_str() : "none");
   return e;
 }
 
-GenStats Engine::generate_text(const std::vector<int32_t>& prompt, const GenerateOptions& g,
+GenerationLimits Engine::limits() const {
+  GenerationLimits l;
+  l.draft_source = source_ ? source_->name() : "none";
+  // The round loop verifies k drafts + 1 in one forward of at most max_rows rows.
+  l.max_draft_k = source_ ? std::min(source_->max_k(), target_->max_rows() - 1) : 0;
+  l.vocab_size = target_->config().vocab_size;
+  l.max_context = opt_.max_context;
+  return l;
+}
+
+GenerateOptions Engine::generate_options(const GenerationOptions& o, int64_t prompt_tokens) const {
+  validate_generation_options(o, limits(), prompt_tokens);
+  GenerateOptions g;
+  g.max_new_tokens = static_cast<int>(o.max_tokens);
+  g.draft_k = o.draft_k ? static_cast<int>(*o.draft_k) : -1;
+  g.sampling.temperature = static_cast<float>(o.temperature);
+  g.sampling.top_k = static_cast<int>(o.top_k);
+  g.sampling.top_p = static_cast<float>(o.top_p);
+  g.sampling.seed = o.seed;
+  if (!o.ignore_eos) g.stop_ids = stop_ids();
+  for (int64_t id : o.stop_ids)
+    if (std::find(g.stop_ids.begin(), g.stop_ids.end(), id) == g.stop_ids.end())
+      g.stop_ids.push_back(static_cast<int32_t>(id));
+  return g;
+}
+
+GenStats Engine::generate_text(const std::vector<int32_t>& prompt, const GenerationOptions& o,
                               const std::function<bool(const std::string&)>& on_text, const RoundCallback& rc) {
+  const GenerateOptions g = generate_options(o, static_cast<int64_t>(prompt.size()));
   StreamDecoder dec(*tok_);
   const int32_t n_text = tok_->vocab_size();
   bool warned = false;

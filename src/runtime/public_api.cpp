@@ -25,17 +25,44 @@ Status guarded(F&& f) {
     return {false, "internal", e.what()};
   }
 }
+qf::EngineOptions engine_options(const LoadOptions& opt) {
+  qf::EngineOptions eo;
+  eo.model_dir = opt.model_dir;
+  eo.draft = opt.draft;
+  eo.device = opt.device;
+  eo.max_context = opt.max_context;
+  eo.weights = opt.weights;
+  eo.lm_head = opt.lm_head;
+  return eo;
+}
+
+qf::GenerationOptions generation_options(const GenerateRequest& req) {
+  qf::GenerationOptions g;
+  g.max_tokens = req.max_tokens;
+  g.temperature = req.temperature;
+  g.top_k = req.top_k;
+  g.top_p = req.top_p;
+  g.seed = req.seed;
+  if (req.draft_k) g.draft_k = *req.draft_k;
+  g.ignore_eos = req.ignore_eos;
+  g.stop_ids.assign(req.stop_ids.begin(), req.stop_ids.end());
+  return g;
+}
+
 }  // namespace
+
+Status validate(const LoadOptions& opt) {
+  return guarded([&] { qf::validate_engine_options(engine_options(opt)); });
+}
+
+Status validate(const GenerateRequest& req) {
+  return guarded([&] { qf::validate_generation_options(generation_options(req)); });
+}
 
 Status Model::load(const LoadOptions& opt, std::unique_ptr<Model>* out) {
   std::unique_ptr<Model> m(new Model());
   Status s = guarded([&] {
-    qf::EngineOptions eo;
-    eo.model_dir = opt.model_dir;
-    eo.draft = opt.draft;
-    eo.device = opt.device;
-    eo.max_context = opt.max_context;
-    m->impl_->engine = qf::Engine::create(eo);
+    m->impl_->engine = qf::Engine::create(engine_options(opt));
   });
   if (s) *out = std::move(m);
   return s;
@@ -45,16 +72,13 @@ Status Model::generate(const GenerateRequest& req, GenerateResult* out,
                        const std::function<bool(std::string_view)>& on_text) {
   return guarded([&] {
     qf::Engine& e = *impl_->engine;
-    const std::string prompt = req.chat ? qf::chat_render({{"user", req.prompt, ""}}, true, req.thinking) : req.prompt;
-    qf::GenerateOptions g;
-    g.max_new_tokens = req.max_tokens;
-    g.stop_ids = e.stop_ids();
-    g.sampling.temperature = req.temperature;
-    g.sampling.top_p = req.top_p;
-    g.sampling.top_k = req.top_k;
-    g.sampling.seed = req.seed;
+    const qf::GenerationOptions g = generation_options(req);
+    qf::validate_generation_options(g);  // before the prompt is tokenized
+    // Chat: the prompt is message text, never parsed for special tokens.
+    const std::vector<int32_t> ids = req.chat ? qf::chat_encode(e.tokenizer(), qf::chat_render_pieces({{"user", req.prompt, ""}}, {true, req.thinking, {}, {}}))
+                                              : e.tokenizer().encode(req.prompt);
     out->text.clear();
-    qf::GenStats st = e.generate_text(e.tokenizer().encode(prompt), g, [&](const std::string& piece) {
+    qf::GenStats st = e.generate_text(ids, g, [&](const std::string& piece) {
       out->text += piece;
       return on_text ? on_text(piece) : true;
     });

@@ -1,4 +1,4 @@
-// Sampling at temperature > 0 (spec/speculative.md section 5): the target's distribution p
+// Sampling at temperature > 0 (docs/spec/speculative.md section 5): the target's distribution p
 // (temperature, then top-k and top-p shape p only), draws from a seeded generator, and the
 // lossless speculative acceptance rule with residual resampling.
 #pragma once

@@ -13,8 +13,21 @@ double GenStats::tau() const {
   return s / static_cast<double>(accept_lengths.size());
 }
 
+double GenStats::k_mean() const {
+  int64_t n = 0, sum = 0;
+  for (size_t j = 0; j < k_rounds.size(); j++) {
+    n += k_rounds[j];
+    sum += static_cast<int64_t>(j) * k_rounds[j];
+  }
+  return n > 0 ? static_cast<double>(sum) / static_cast<double>(n) : 0.0;
+}
+
 double GenStats::tokens_per_second() const {
   return total_decode_ms > 0 ? generated_tokens / (total_decode_ms / 1000.0) : 0;
+}
+
+double GenStats::prefill_tokens_per_second() const {
+  return prefill_ms > 0 ? (prompt_tokens - cached_tokens) / (prefill_ms / 1000.0) : 0;
 }
 
 std::vector<double> GenStats::accept_profile() const {
@@ -28,7 +41,11 @@ std::string GenStats::to_json() const {
   nlohmann::json j;
   j["draft"] = draft;
   j["k"] = k;
+  j["k_auto"] = k_auto;
+  j["k_rounds"] = k_rounds;
+  j["k_mean"] = k_mean();
   j["prompt_tokens"] = prompt_tokens;
+  j["cached_tokens"] = cached_tokens;
   j["generated_tokens"] = generated_tokens;
   j["rounds"] = rounds;
   j["drafted"] = drafted;
@@ -37,6 +54,8 @@ std::string GenStats::to_json() const {
   j["accept_profile"] = accept_profile();
   j["accept_lengths"] = accept_lengths;
   j["tokens_per_second"] = tokens_per_second();
+  j["time_to_first_token_ms"] = ttft_ms;
+  j["prefill_tokens_per_second"] = prefill_tokens_per_second();
   j["phases_ms"] = {{"prefill", prefill_ms}, {"draft", draft_ms}, {"verify", verify_ms},
                     {"accept", accept_ms}, {"decode_total", total_decode_ms}};
   j["stop_reason"] = stop_reason;
@@ -45,14 +64,23 @@ std::string GenStats::to_json() const {
 
 std::string GenStats::to_table() const {
   std::string s;
-  s += strf("draft source      %s (k = %d)\n", draft.c_str(), k);
-  s += strf("prompt tokens     %d\n", prompt_tokens);
+  if (k_auto)
+    s += strf("draft source      %s (k = auto, 0..%d)\n", draft.c_str(), k);
+  else
+    s += strf("draft source      %s (k = %d)\n", draft.c_str(), k);
+  s += strf("prompt tokens     %d (prefill %.1f ms, %.0f tokens/s; first token after %.1f ms)\n", prompt_tokens,
+            prefill_ms, prefill_tokens_per_second(), ttft_ms);
   s += strf("generated tokens  %d (%s)\n", generated_tokens, stop_reason.c_str());
   s += strf("rounds            %d\n", rounds);
   s += strf("drafted/accepted  %lld / %lld", (long long)drafted, (long long)accepted);
   if (drafted > 0) s += strf(" (%.1f%%)", 100.0 * accepted / drafted);
   s += "\n";
   s += strf("tau               %.3f tokens per target pass\n", tau());
+  if (k_auto) {
+    s += strf("chosen k          mean %.2f |", k_mean());
+    for (size_t j = 0; j < k_rounds.size(); j++) s += strf(" %zu:%lld", j, (long long)k_rounds[j]);
+    s += "\n";
+  }
   auto prof = accept_profile();
   if (!prof.empty()) {
     s += "accept profile   ";

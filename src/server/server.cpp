@@ -1,7 +1,6 @@
 #include "server/server.h"
 
-#include <httplib.h>
-
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -11,35 +10,64 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "server/http.h"
+#include "server/output.h"
+#include "server/request.h"
+#include "server/workers.h"
 
 namespace qf {
 
 using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
 
 namespace {
 
-const char* kLivePage = R"HTML(<!doctype html>
-<html><head><meta charset="utf-8"><title>qflash</title>
-<style>body{font:14px system-ui,sans-serif;margin:2em;max-width:50em}td{padding:2px 12px}
-.bar{display:inline-block;height:12px;background:#48c}</style></head>
-<body><h1>qflash</h1><p id="model"></p><h2>last request</h2><table id="t"></table>
-<h3>accept profile (per draft position)</h3><div id="prof"></div>
-<script>
-async function tick(){
-  const r = await fetch('/v1/stats'); const s = await r.json();
-  document.getElementById('model').textContent = s.model + ' on ' + s.backend + ', draft ' + s.draft_source;
-  const last = s.last || {};
-  const rows = ['draft','generated_tokens','rounds','drafted','accepted','tau','tokens_per_second','stop_reason'];
-  document.getElementById('t').innerHTML = rows.map(k => '<tr><td>'+k+'</td><td>'+
-    (typeof last[k]==='number' ? last[k].toFixed(k==='tau'||k==='tokens_per_second'?2:0) : (last[k]||''))+'</td></tr>').join('');
-  document.getElementById('prof').innerHTML = (last.accept_profile||[]).map((p,i) =>
-    '<div>d'+(i+1)+' <span class="bar" style="width:'+(p*300)+'px"></span> '+p.toFixed(2)+'</div>').join('');
-}
-tick(); setInterval(tick, 1000);
-</script></body></html>)HTML";
+// A request that ends before generation: status, message, parameter, code.
+struct Refusal {
+  int status;
+  std::string message, param, code;
+  http::Headers headers;
+};
 
-std::string error_body(const std::string& msg, const std::string& type) {
-  return json{{"error", {{"message", msg}, {"type", type}}}}.dump();
+void refuse(http::Reply& r, const Refusal& f) {
+  const char* type = f.status == 429 ? "rate_limit_error" : f.status >= 500 ? "server_error" : "invalid_request_error";
+  r.send_json(f.status, http::error_json(f.message, type, f.param, f.code), f.headers);
+}
+
+// Running speculation figures of one generation, for the chunks the live page reads.
+struct LiveStats {
+  int rounds = 0, tokens = 0;
+  int64_t drafted = 0, accepted = 0;
+  std::vector<int64_t> drafted_at, accepted_at;
+  Clock::time_point first_token;
+
+  void round(int k, int a) {
+    rounds++;
+    drafted += k;
+    accepted += a;
+    if (static_cast<int>(drafted_at.size()) < k) drafted_at.resize(k), accepted_at.resize(k);
+    for (int j = 0; j < k; j++) drafted_at[j]++, accepted_at[j] += j < a;
+  }
+  json to_json() const {
+    json prof = json::array();
+    for (size_t j = 0; j < drafted_at.size(); j++)
+      prof.push_back(drafted_at[j] ? double(accepted_at[j]) / double(drafted_at[j]) : 0.0);
+    const double s = tokens > 1 ? std::chrono::duration<double>(Clock::now() - first_token).count() : 0.0;
+    return {{"generated_tokens", tokens},
+            {"rounds", rounds},
+            {"drafted", drafted},
+            {"accepted", accepted},
+            {"tau", rounds ? double(accepted + rounds) / rounds : 0.0},
+            {"accept_profile", prof},
+            {"tokens_per_second", s > 0 ? (tokens - 1) / s : 0.0}};
+  }
+};
+
+std::string finish_reason(const GenStats& st, const OutputAssembler& out) {
+  if (out.stopped()) return "stop";
+  if (st.stop_reason == "max_tokens" || st.stop_reason == "context_full") return "length";
+  return out.tool_calls() > 0 ? "tool_calls" : "stop";
 }
 
 }  // namespace
@@ -47,183 +75,290 @@ std::string error_body(const std::string& msg, const std::string& type) {
 struct Server::Impl {
   Engine& engine;
   ServerOptions opt;
-  httplib::Server http;
-  std::mutex gen_mutex;   // one generation at a time
-  std::mutex stats_mutex;
-  json last_stats = json::object();
+  std::unique_ptr<http::Server> http;
+  std::unique_ptr<WorkerPool> workers;
+  std::unique_ptr<EngineQueue> queue;
+  int port = 0;
   std::thread bg;
   std::atomic<uint64_t> counter{0};
+  std::mutex stats_mu;
+  json last_stats = json::object();
+  size_t max_prompt_bytes = 0;
 
   Impl(Engine& e, const ServerOptions& o) : engine(e), opt(o) {
     if (opt.model_name.empty()) opt.model_name = std::filesystem::path(engine.model_dir()).filename().string();
-    routes();
+    // A text longer than this has more tokens than the context holds, whatever it says: every
+    // token covers at most `longest` bytes, and NFC shortens text at most 3x (Hangul jamo).
+    size_t longest = 1;
+    const Tokenizer& tok = engine.tokenizer();
+    for (int32_t i = 0; i < tok.vocab_size(); i++) longest = std::max(longest, tok.token_bytes(i).size());
+    max_prompt_bytes = static_cast<size_t>(engine.limits().max_context) * longest * 3;
+    http::Limits lim;
+    lim.max_body_bytes = static_cast<size_t>(opt.max_body_bytes);
+    lim.request_timeout_s = opt.request_timeout_s;
+    lim.idle_timeout_s = opt.idle_timeout_s;
+    lim.max_connections = opt.max_connections;
+    http = std::make_unique<http::Server>(lim, [this](http::Request&& r, std::shared_ptr<http::Reply> reply) {
+      route(std::move(r), std::move(reply));
+    });
+    port = http->bind(opt.host, opt.port);
+    workers = std::make_unique<WorkerPool>(opt.workers);
+    queue = std::make_unique<EngineQueue>(engine, opt.queue);
   }
 
-  // Parses the sampling and length fields shared by both endpoints.
-  GenerateOptions gen_options(const json& req) {
-    GenerateOptions g;
-    g.max_new_tokens = req.value("max_tokens", req.value("max_completion_tokens", opt.default_max_tokens));
-    if (g.max_new_tokens < 1) throw Error(ErrorKind::Usage, "max_tokens must be >= 1");
-    g.sampling.temperature = req.value("temperature", 0.0f);
-    g.sampling.top_p = req.value("top_p", 1.0f);
-    g.sampling.top_k = req.value("top_k", 0);
-    g.sampling.seed = req.value("seed", static_cast<uint64_t>(counter.fetch_add(1)));
-    if (g.sampling.temperature < 0 || g.sampling.top_p <= 0 || g.sampling.top_p > 1)
-      throw Error(ErrorKind::Usage, "temperature must be >= 0 and top_p in (0, 1]");
-    g.stop_ids = engine.stop_ids();
-    return g;
-  }
-
-  // Runs one generation; `on_text` gets each decoded piece. Returns the telemetry.
-  GenStats run(const std::string& prompt, const GenerateOptions& g, const std::function<bool(const std::string&)>& on_text) {
-    std::lock_guard<std::mutex> lock(gen_mutex);
-    GenStats st = engine.generate_text(engine.tokenizer().encode(prompt), g, on_text);
-    std::lock_guard<std::mutex> sl(stats_mutex);
-    last_stats = json::parse(st.to_json());
-    return st;
-  }
-
-  json usage(const GenStats& st) {
-    return {{"prompt_tokens", st.prompt_tokens},
-            {"completion_tokens", st.generated_tokens},
-            {"total_tokens", st.prompt_tokens + st.generated_tokens},
-            {"qflash", json::parse(st.to_json())}};
-  }
-
-  static std::string finish_reason(const GenStats& st) { return st.stop_reason == "max_tokens" ? "length" : "stop"; }
-
-  std::string prompt_of_chat(const json& req) {
-    if (!req.contains("messages") || !req["messages"].is_array() || req["messages"].empty())
-      throw Error(ErrorKind::Usage, "'messages' must be a non-empty array");
-    std::vector<ChatMessage> msgs;
-    for (const auto& m : req["messages"]) {
-      if (!m.contains("role") || !m["role"].is_string())
-        throw Error(ErrorKind::Usage, "each message needs a string 'role'");
-      std::string content;
-      if (m.contains("content") && m["content"].is_string()) content = m["content"].get<std::string>();
-      msgs.push_back({m["role"].get<std::string>(), content, m.value("reasoning_content", std::string())});
+  // On the HTTP thread: cheap answers here, completions to the pool.
+  void route(http::Request&& r, std::shared_ptr<http::Reply> reply) {
+    struct Route {
+      const char* path;
+      const char* method;
+    };
+    static const Route routes[] = {{"/", "GET"},          {"/health", "GET"},   {"/v1/models", "GET"},
+                                   {"/v1/stats", "GET"},  {"/favicon.ico", "GET"},
+                                   {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}};
+    const std::string models_prefix = "/v1/models/";
+    const char* allowed = nullptr;
+    for (const Route& rt : routes)
+      if (r.path == rt.path) allowed = rt.method;
+    if (!allowed && r.path.rfind(models_prefix, 0) == 0) allowed = "GET";
+    if (!allowed)
+      return refuse(*reply, {404, "no such endpoint: " + r.path.substr(0, 100) + " (see /v1/models, /v1/completions, /v1/chat/completions)", "", "not_found", {}});
+    if (r.method != allowed)
+      return refuse(*reply, {405, "method " + r.method.substr(0, 16) + " not allowed on " + r.path + "; use " + allowed, "",
+                             "method_not_allowed", {{"Allow", allowed}}});
+    if (r.path == "/") return reply->send(200, "text/html; charset=utf-8", live_page_html(), {{"Cache-Control", "no-store"}});
+    if (r.path == "/favicon.ico") return reply->send(204, "image/x-icon", "");
+    if (r.path == "/health") return reply->send_json(200, R"({"status":"ok"})");
+    if (r.path == "/v1/models") return reply->send_json(200, json{{"object", "list"}, {"data", json::array({model_card()})}}.dump());
+    if (r.path.rfind(models_prefix, 0) == 0) {
+      if (r.path.substr(models_prefix.size()) != opt.model_name) return refuse(*reply, unknown_model(r.path.substr(models_prefix.size())));
+      return reply->send_json(200, model_card().dump());
     }
-    bool thinking = true;
-    if (req.contains("chat_template_kwargs")) thinking = req["chat_template_kwargs"].value("enable_thinking", true);
-    return chat_render(msgs, true, thinking);
+    if (r.path == "/v1/stats") return reply->send_json(200, stats().dump(), {{"Cache-Control", "no-store"}});
+    const bool chat = r.path == "/v1/chat/completions";
+    workers->submit([this, req = std::move(r), reply, chat]() mutable { complete(req, reply, chat); });
   }
 
-  void handle(const httplib::Request& r, httplib::Response& res, bool chat) {
-    json req = json::parse(r.body, nullptr, false);
-    if (req.is_discarded() || !req.is_object()) {
-      res.status = 400;
-      res.set_content(error_body("request body is not a JSON object", "invalid_request_error"), "application/json");
-      return;
-    }
-    std::string prompt;
-    GenerateOptions g;
+  json model_card() const { return {{"id", opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "qflash"}}; }
+
+  Refusal unknown_model(const std::string& name) const {
+    std::string shown = name.substr(0, 100);
+    return {404, "model '" + shown + "' not found; this server serves '" + opt.model_name + "'", "model", "model_not_found", {}};
+  }
+
+  json stats() {
+    std::lock_guard<std::mutex> l(stats_mu);
+    return {{"model", opt.model_name},
+            {"backend", engine.backend().name()},
+            {"draft_source", engine.draft_name() == "none" ? "none" : engine.limits().draft_source},
+            {"max_context", engine.limits().max_context},
+            {"queue", {{"waiting", queue->waiting()}, {"busy", queue->busy()}, {"capacity", opt.queue}}},
+            {"last", last_stats}};
+  }
+
+  // On a pool thread: parse, validate, tokenize, queue. Nothing here holds the engine.
+  void complete(const http::Request& r, const std::shared_ptr<http::Reply>& reply, bool chat) {
+    CompletionRequest cr;
+    std::vector<int32_t> ids;
+    GenerateOptions go;
     try {
-      if (chat) {
-        prompt = prompt_of_chat(req);
-      } else {
-        if (!req.contains("prompt") || !req["prompt"].is_string())
-          throw Error(ErrorKind::Usage, "'prompt' must be a string");
-        prompt = req["prompt"].get<std::string>();
-      }
-      g = gen_options(req);
-    } catch (const std::exception& e) {
-      res.status = 400;
-      res.set_content(error_body(e.what(), "invalid_request_error"), "application/json");
-      return;
-    }
-    const std::string id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(counter.fetch_add(1));
-    const int64_t created = std::chrono::duration_cast<std::chrono::seconds>(
-                                std::chrono::system_clock::now().time_since_epoch()).count();
-    const std::string object = chat ? "chat.completion" : "text_completion";
-    if (req.value("stream", false)) {
-      res.set_chunked_content_provider("text/event-stream", [this, prompt, g, chat, id, created](size_t, httplib::DataSink& sink) {
-        auto chunk = [&](const json& choice) {
-          json c = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                    {"model", opt.model_name}, {"choices", json::array({choice})}};
-          const std::string line = "data: " + c.dump() + "\n\n";
-          return sink.write(line.data(), line.size());
-        };
-        try {
-          GenStats st = run(prompt, g, [&](const std::string& s) {
-            return chunk(chat ? json{{"index", 0}, {"delta", {{"content", s}}}, {"finish_reason", nullptr}}
-                              : json{{"index", 0}, {"text", s}, {"finish_reason", nullptr}});
-          });
-          json last = chat ? json{{"index", 0}, {"delta", json::object()}, {"finish_reason", finish_reason(st)}}
-                           : json{{"index", 0}, {"text", ""}, {"finish_reason", finish_reason(st)}};
-          json c = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                    {"model", opt.model_name}, {"choices", json::array({last})}, {"usage", usage(st)}};
-          const std::string line = "data: " + c.dump() + "\n\ndata: [DONE]\n\n";
-          sink.write(line.data(), line.size());
-        } catch (const std::exception& e) {
-          const std::string line = "data: " + error_body(e.what(), "server_error") + "\n\n";
-          sink.write(line.data(), line.size());
-        }
-        sink.done();
-        return true;
-      });
-      return;
-    }
-    try {
-      std::string text;
-      GenStats st = run(prompt, g, [&](const std::string& s) {
-        text += s;
-        return true;
-      });
-      json choice = chat ? json{{"index", 0}, {"message", {{"role", "assistant"}, {"content", text}}},
-                                {"finish_reason", finish_reason(st)}}
-                         : json{{"index", 0}, {"text", text}, {"finish_reason", finish_reason(st)}};
-      json body = {{"id", id}, {"object", object}, {"created", created}, {"model", opt.model_name},
-                   {"choices", json::array({choice})}, {"usage", usage(st)}};
-      res.set_content(body.dump(), "application/json");
+      if (json_depth(r.body) > kMaxJsonDepth)
+        fail_option("request body", "JSON nested at most " + std::to_string(kMaxJsonDepth) + " deep", "deeper nesting");
+      const ojson body = ojson::parse(r.body, nullptr, /*allow_exceptions=*/false);
+      if (body.is_discarded()) fail_option("request body", "a JSON object", "text that is not JSON");
+      cr = parse_completion_request(body, chat, opt.default_max_tokens, counter.fetch_add(1));
+      if (!cr.model.empty() && cr.model != opt.model_name) return refuse(*reply, unknown_model(cr.model));
+      size_t bytes = cr.prompt.size();
+      for (const ChatPiece& p : cr.chat) bytes += p.text.size();
+      if (bytes > max_prompt_bytes)
+        fail(ErrorKind::Usage, "%s: expected at most %zu bytes (more cannot fit in max_context %lld tokens), found %zu",
+             chat ? "messages" : "prompt", max_prompt_bytes, (long long)engine.limits().max_context, bytes);
+      ids = chat ? chat_encode(engine.tokenizer(), cr.chat) : engine.tokenizer().encode(cr.prompt);
+      const int64_t room = engine.limits().max_context - static_cast<int64_t>(ids.size());
+      if (!cr.max_tokens_given && room >= 1) cr.gen.max_tokens = std::min(cr.gen.max_tokens, room);
+      go = engine.generate_options(cr.gen, static_cast<int64_t>(ids.size()));
     } catch (const Error& e) {
-      res.status = e.kind() == ErrorKind::Usage ? 400 : 500;
-      res.set_content(error_body(e.what(), e.kind() == ErrorKind::Usage ? "invalid_request_error" : "server_error"),
-                      "application/json");
+      if (e.kind() != ErrorKind::Usage) log_warn("request failed: %s", e.what());
+      const std::string msg = e.kind() == ErrorKind::Usage ? e.what() : "internal error while reading the request";
+      return refuse(*reply, {e.kind() == ErrorKind::Usage ? 400 : 500, msg, param_of_message(msg), "", {}});
+    } catch (const std::exception& e) {
+      log_warn("request failed: %s", e.what());  // library text stays in the log
+      return refuse(*reply, {500, "internal error while reading the request", "", "", {}});
     }
+    auto job = std::make_shared<Job>(*this, reply, chat, cr);
+    auto ej = std::make_shared<EngineJob>();
+    ej->prompt = std::move(ids);
+    ej->options = go;
+    ej->on_token = [job](int32_t t, TokenOrigin o) { return job->token(t, o); };
+    ej->on_round = [job](int k, int a) { job->live.round(k, a); };
+    ej->on_finish = [job](const GenStats& st, const std::string* err) { job->finish(st, err); };
+    ej->cancelled = [reply] { return reply->gone(); };
+    if (!queue->submit(ej)) {
+      const int after = queue->retry_after_s();
+      return refuse(*reply, {429, strf("the server is busy: %d requests wait for the engine (the most it queues); retry after %d s",
+                                       queue->waiting(), after),
+                             "", "queue_full", {{"Retry-After", std::to_string(after)}}});
+    }
+    if (cr.stream) job->start_stream();
   }
 
-  void routes() {
-    http.Get("/", [](const httplib::Request&, httplib::Response& res) { res.set_content(kLivePage, "text/html"); });
-    http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"status":"ok"})", "application/json");
-    });
-    http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& res) {
-      json m = {{"object", "list"},
-                {"data", json::array({{{"id", opt.model_name}, {"object", "model"}, {"owned_by", "qflash"}}})}};
-      res.set_content(m.dump(), "application/json");
-    });
-    http.Get("/v1/stats", [this](const httplib::Request&, httplib::Response& res) {
-      std::lock_guard<std::mutex> sl(stats_mutex);
-      json s = {{"model", opt.model_name}, {"backend", engine.backend().name()},
-                {"draft_source", engine.source() ? engine.source()->name() : "none"}, {"last", last_stats}};
-      res.set_content(s.dump(), "application/json");
-    });
-    http.Post("/v1/completions", [this](const httplib::Request& r, httplib::Response& res) { handle(r, res, false); });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& r, httplib::Response& res) { handle(r, res, true); });
-  }
+  // One completion, streamed or whole. Callbacks run on the engine thread except start_stream.
+  struct Job {
+    Impl& srv;
+    std::shared_ptr<http::Reply> reply;
+    const bool chat, stream;
+    const std::string id;
+    const int64_t created;
+    OutputAssembler out;
+    StreamDecoder dec;
+    LiveStats live;
+    std::mutex mu;  // the stream's first bytes: headers and role chunk, from either thread
+    bool started = false;
+    std::string content, reasoning;
+    std::vector<ToolCall> calls;
+
+    Job(Impl& s, std::shared_ptr<http::Reply> r, bool c, const CompletionRequest& cr)
+        : srv(s), reply(std::move(r)), chat(c), stream(cr.stream),
+          id((c ? "chatcmpl-" : "cmpl-") + std::to_string(s.counter.fetch_add(1))),
+          created(std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()),
+          out(OutputOptions{cr.stop, c && cr.thinking, c && cr.tools, cr.tool_call_prefix, "call_" + id.substr(id.find('-') + 1) + "_"}),
+          dec(s.engine.tokenizer()) {}
+
+    json chunk(json choice, const json* extra) const {
+      choice["index"] = 0;
+      if (!choice.contains("finish_reason")) choice["finish_reason"] = nullptr;
+      if (!chat && !choice.contains("logprobs")) choice["logprobs"] = nullptr;
+      json c = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
+                {"model", srv.opt.model_name}, {"choices", json::array({choice})}};
+      if (extra) c["qflash"] = *extra;
+      return c;
+    }
+    bool send_chunk(const json& c) { return reply->write("data: " + c.dump() + "\n\n"); }
+
+    void start_stream() {
+      std::lock_guard<std::mutex> l(mu);
+      if (started) return;
+      started = true;
+      reply->begin_stream(200, "text/event-stream");
+      if (chat) send_chunk(chunk({{"delta", {{"role", "assistant"}, {"content", ""}}}}, nullptr));
+    }
+
+    void deliver(std::vector<OutputEvent>& events) {
+      for (OutputEvent& e : events) {
+        if (!stream) {
+          if (e.kind == OutputEvent::Kind::Content) content += e.text();
+          if (e.kind == OutputEvent::Kind::Reasoning) reasoning += e.text();
+          if (e.kind == OutputEvent::Kind::ToolCall) calls.push_back(e.call);
+          continue;
+        }
+        json pieces = json::array();
+        for (const Segment& g : e.segments) pieces.push_back({{"text", g.text}, {"draft", g.origin == TokenOrigin::Draft}});
+        const json extra = {{"pieces", pieces}, {"stats", live.to_json()}};
+        json choice;
+        if (e.kind == OutputEvent::Kind::ToolCall) {
+          choice = {{"delta", {{"tool_calls", json::array({{{"index", static_cast<int>(calls.size())}, {"id", e.call.id}, {"type", "function"},
+                                                           {"function", {{"name", e.call.name}, {"arguments", e.call.arguments}}}}})}}}};
+          calls.push_back(e.call);
+        } else if (!chat) {
+          choice = {{"text", e.text()}};
+        } else {
+          choice = {{"delta", {{e.kind == OutputEvent::Kind::Reasoning ? "reasoning_content" : "content", e.text()}}}};
+        }
+        send_chunk(chunk(choice, &extra));
+      }
+      events.clear();
+    }
+
+    bool token(int32_t t, TokenOrigin origin) {
+      if (live.tokens++ == 0) live.first_token = Clock::now();
+      if (stream) start_stream();
+      if (t >= srv.engine.tokenizer().vocab_size()) return true;  // padded vocabulary rows have no text
+      const std::string piece = dec.push(t);
+      std::vector<OutputEvent> events;
+      const bool more = piece.empty() || out.push(piece, origin, events);
+      deliver(events);
+      return more && !reply->gone();
+    }
+
+    void finish(const GenStats& st, const std::string* error) {
+      if (st.stop_reason == "cancelled") return;  // the client left while it waited
+      std::vector<OutputEvent> events;
+      const std::string tail = dec.flush();
+      if (!tail.empty()) out.push(tail, TokenOrigin::Target, events);
+      out.finish(events);
+      deliver(events);
+      const std::string reason = finish_reason(st, out);
+      json stats_json = json::parse(st.to_json());
+      {
+        std::lock_guard<std::mutex> l(srv.stats_mu);
+        srv.last_stats = stats_json;
+        srv.last_stats["finish_reason"] = error ? "error" : reason;
+        srv.last_stats["client_gone"] = reply->gone();
+      }
+      const json usage = {{"prompt_tokens", st.prompt_tokens},
+                          {"completion_tokens", st.generated_tokens},
+                          {"total_tokens", st.prompt_tokens + st.generated_tokens},
+                          {"prompt_tokens_details", {{"cached_tokens", st.cached_tokens}}},
+                          {"qflash", stats_json}};
+      if (stream) {
+        start_stream();
+        if (error) {
+          reply->write("data: " + http::error_json("generation failed (see the server log)", "server_error") + "\n\n");
+        } else {
+          json c = chunk(chat ? json{{"delta", json::object()}, {"finish_reason", reason}} : json{{"text", ""}, {"finish_reason", reason}},
+                         nullptr);
+          c["usage"] = usage;
+          send_chunk(c);
+        }
+        reply->write("data: [DONE]\n\n");
+        reply->end_stream();
+        return;
+      }
+      if (error) return refuse(*reply, {500, "generation failed (see the server log)", "", "", {}});
+      json choice;
+      if (chat) {
+        json msg = {{"role", "assistant"}, {"content", content.empty() && !calls.empty() ? json(nullptr) : json(content)}};
+        if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
+        if (!calls.empty()) {
+          msg["tool_calls"] = json::array();
+          for (const ToolCall& c : calls)
+            msg["tool_calls"].push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        }
+        choice = {{"index", 0}, {"message", msg}, {"finish_reason", reason}};
+      } else {
+        choice = {{"index", 0}, {"text", content}, {"finish_reason", reason}, {"logprobs", nullptr}};
+      }
+      const json body = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
+                         {"model", srv.opt.model_name}, {"choices", json::array({choice})}, {"usage", usage}};
+      reply->send_json(200, body.dump());
+    }
+  };
 };
 
 Server::Server(Engine& engine, const ServerOptions& opt) : impl_(std::make_unique<Impl>(engine, opt)) {}
-Server::~Server() { stop(); }
 
-bool Server::listen() {
+Server::~Server() {
+  stop();
+  // The pool first (its tasks may still queue jobs), then the engine thread (its last job may
+  // still write through a Reply); the HTTP server outlives both.
+  impl_->workers.reset();
+  impl_->queue.reset();
+}
+
+int Server::port() const { return impl_->port; }
+
+void Server::run() {
   log_info("serving %s on http://%s:%d (OpenAI-compatible: /v1/completions, /v1/chat/completions; live page /)",
-           impl_->opt.model_name.c_str(), impl_->opt.host.c_str(), impl_->opt.port);
-  return impl_->http.listen(impl_->opt.host, impl_->opt.port);
+           impl_->opt.model_name.c_str(), impl_->opt.host.c_str(), impl_->port);
+  impl_->http->run();
 }
 
 int Server::start_background() {
-  const int port = impl_->http.bind_to_any_port(impl_->opt.host);
-  if (port <= 0) return -1;
-  impl_->bg = std::thread([this] { impl_->http.listen_after_bind(); });
-  for (int i = 0; i < 200 && !impl_->http.is_running(); i++)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  return port;
+  impl_->bg = std::thread([this] { impl_->http->run(); });
+  return impl_->port;
 }
 
 void Server::stop() {
-  if (!impl_) return;
-  impl_->http.stop();
+  impl_->http->stop();
   if (impl_->bg.joinable()) impl_->bg.join();
 }
 

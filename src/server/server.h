@@ -1,7 +1,11 @@
-// OpenAI-compatible HTTP API over one Engine (requests are served one at a time: the engine
-// holds one sequence state). Endpoints: GET /health, GET /v1/models, POST /v1/completions,
-// POST /v1/chat/completions (both with "stream": true as server-sent events), GET /v1/stats
-// (the last request's telemetry) and GET / (a live page that polls /v1/stats).
+// OpenAI-compatible HTTP API over one Engine (docs/SERVER.md). Endpoints: GET /health,
+// GET /v1/models, POST /v1/completions, POST /v1/chat/completions (both with "stream": true as
+// server-sent events), GET /v1/stats (the last request's telemetry and the queue) and GET / (a
+// live page that streams a generation and shows how each token was produced).
+//
+// Threads: the HTTP thread (all sockets, server/http.h), a pool that parses and tokenizes
+// requests, and one engine thread fed by a bounded queue (server/workers.h). A request that
+// finds the queue full gets 429 with Retry-After.
 #pragma once
 #include <memory>
 #include <string>
@@ -12,24 +16,33 @@ namespace qf {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;          // 0 = pick a free port (tests)
-  std::string model_name;   // the id reported by /v1/models (default: the folder name)
+  int port = 8080;           // 0 = pick a free port (tests)
+  std::string model_name;    // the id reported by /v1/models (default: the folder name)
   int default_max_tokens = 256;
+  int queue = 8;             // requests that may wait behind the running one
+  int workers = 2;           // threads that parse and tokenize requests
+  int64_t max_body_bytes = int64_t(16) << 20;
+  double request_timeout_s = 10;  // a whole request (headers and body) must arrive within this
+  double idle_timeout_s = 30;     // a kept-alive connection with no request is closed after this
+  int max_connections = 256;
 };
 
 class Server {
  public:
+  // Binds (exclusively) at once: throws qf::Error naming the address when it cannot.
   Server(Engine& engine, const ServerOptions& opt);
   ~Server();
-  // Binds and serves until stop(); returns false when the address cannot be bound.
-  bool listen();
-  // Binds to a free port on `host` (returned) and serves in a background thread.
-  int start_background();
+  int port() const;
+  void run();               // serves until stop()
+  int start_background();   // serves in a thread; returns the port
   void stop();
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The live page served at "/".
+const char* live_page_html();
 
 }  // namespace qf

@@ -1,4 +1,4 @@
-// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (spec/qwen38.md section 5),
+// Byte-level BPE tokenizer read from a Hugging Face tokenizer.json (docs/spec/qwen38.md section 5),
 // a UTF-8-safe streaming detokenizer, and the ChatML chat template.
 //
 // encode(): added tokens are cut out of the raw text first (leftmost-longest); each remaining
@@ -71,19 +71,51 @@ class StreamDecoder {
   std::string pending_;  // at most a few bytes of an unfinished character
 };
 
+// An assistant turn's tool call, as the client sends it back: `arguments` is JSON text and is
+// rendered exactly as given.
+struct ChatToolCall {
+  std::string name;
+  std::string arguments;
+};
+
 struct ChatMessage {
   std::string role;       // "system", "user", "assistant" or "tool"
   std::string content;
   std::string reasoning;  // assistant only: the thinking text, rendered inside <think>
+  std::vector<ChatToolCall> tool_calls = {};  // assistant only
 };
 
-// ChatML as in spec/qwen38.md 5.2: "<|im_start|>{role}\n{content}<|im_end|>\n" per message;
+struct ChatRenderOptions {
+  bool add_generation_prompt = true;
+  bool enable_thinking = true;
+  std::vector<std::string> tools;  // each tool's JSON text, rendered as given inside <tools>
+  std::string answer_prefix;       // template text after the generation prompt (a forced tool call's start)
+};
+
+// A rendered conversation in pieces: `trusted` pieces are the template's own text, whose
+// markers (<|im_start|>, <|im_end|>, <think>, </think>, <tool_call>, ...) become their tokens;
+// every other piece is message text, never parsed for special tokens.
+struct ChatPiece {
+  std::string text;
+  bool trusted;
+};
+
+// ChatML as in docs/spec/qwen38.md 5.2: "<|im_start|>{role}\n{content}<|im_end|>\n" per message;
 // assistant turns as "<|im_start|>assistant\n<think>\n{reasoning}\n</think>\n\n{content}"
-// (Qwen3.8 keeps reasoning on every past turn); consecutive tool results folded into one user
-// turn of <tool_response> blocks. Generation prompt "<|im_start|>assistant\n<think>\n"
-// (thinking on) or "<|im_start|>assistant\n<think>\n\n</think>\n\n" (off). Throws qf::Error
-// (kind Usage) for a system message that is not first, an unknown role, or no user message.
+// (Qwen3.8 keeps reasoning on every past turn) followed by their tool calls; consecutive tool
+// results folded into one user turn of <tool_response> blocks. Tools (when given) open a system
+// turn (the system message's text, then the tool list and calling instructions) as the Qwen3
+// template writes it. Generation prompt "<|im_start|>assistant\n<think>\n" (thinking on) or
+// "<|im_start|>assistant\n<think>\n\n</think>\n\n" (off). Throws qf::Error (kind Usage) for
+// a system message that is not first, an unknown role, or no user message.
+std::vector<ChatPiece> chat_render_pieces(const std::vector<ChatMessage>& msgs, const ChatRenderOptions& opt);
+std::string chat_render(const std::vector<ChatMessage>& msgs, const ChatRenderOptions& opt);
 std::string chat_render(const std::vector<ChatMessage>& msgs, bool add_generation_prompt,
                         bool enable_thinking = true);
+// Token ids of rendered pieces: the template's markers become their added tokens (when the
+// tokenizer has them) and all other text, message text included, is encoded as plain text in
+// runs that span piece boundaries (so the ids equal encode() of the joined text whenever the
+// message text holds no marker).
+std::vector<int32_t> chat_encode(const Tokenizer& tok, const std::vector<ChatPiece>& pieces);
 
 }  // namespace qf

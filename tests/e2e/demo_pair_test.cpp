@@ -4,8 +4,10 @@
 
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <nlohmann/json.hpp>
 
+#include "model/qwen38.h"
 #include "runtime/draft_source.h"
 #include "runtime/generate.h"
 #include "support/backends.h"
@@ -48,8 +50,9 @@ Out generate(Qwen38Model& m, DraftSource* s, const std::vector<int32_t>& prompt,
 class DemoPair : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    be = test::make_test_backend(GetParam());
-    if (!be) GTEST_SKIP() << "no CUDA device";
+    std::string why;
+    be = test::make_test_backend(GetParam(), &why);
+    ASSERT_TRUE(be) << why;
     m = Qwen38Model::load(demo_dir(), be.get(), 16);
     tok = std::make_unique<Tokenizer>(Tokenizer::load(demo_dir()));
     mtp = std::make_unique<MtpDraftSource>(*m, 1024);
@@ -66,8 +69,11 @@ TEST_P(DemoPair, SpeculativeEqualsPlainOnValidationPrompts) {
   const auto stops = tok->eos_ids();
   for (const auto& p : validation_prompts(6)) {
     Out plain = generate(*m, nullptr, p, 0, stops);
-    for (int k : {1, 3}) EXPECT_EQ(generate(*m, mtp.get(), p, k, stops).tokens, plain.tokens) << "mtp k=" << k;
-    for (int k : {3, 7}) EXPECT_EQ(generate(*m, dfl.get(), p, k, stops).tokens, plain.tokens) << "dflash2 k=" << k;
+    // kDraftKAuto: the depth controller at real acceptance, on measured costs.
+    for (int k : {kDraftKAuto, 1, 3})
+      EXPECT_EQ(generate(*m, mtp.get(), p, k, stops).tokens, plain.tokens) << "mtp k=" << k;
+    for (int k : {kDraftKAuto, 3, 7})
+      EXPECT_EQ(generate(*m, dfl.get(), p, k, stops).tokens, plain.tokens) << "dflash2 k=" << k;
   }
 }
 
@@ -87,7 +93,7 @@ TEST_P(DemoPair, AcceptanceStaysAboveFloor) {
   EXPECT_GE(tau_d, 1.15 * tau_m);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, DemoPair, ::testing::Values("cpu", "cuda"));
+INSTANTIATE_TEST_SUITE_P(Backends, DemoPair, ::testing::ValuesIn(test::test_backends()), test::backend_param_name);
 
 // The CLI: stdout carries only the generated text, identical with and without drafting;
 // --stats-json writes the documented keys.
@@ -265,6 +271,7 @@ TEST(DemoCli, BenchWritesItsReport) {
       Generator g(*m, &dfl, 4096);
       GenerateOptions o;
       o.max_new_tokens = 8;
+      o.draft_k = dfl.default_k();  // the bench's fixed-k run (without --adaptive)
       tau += g.generate(p, o, nullptr).tau();
     }
     EXPECT_DOUBLE_EQ(j["runs"][2]["tau"].get<double>(), tau / 2);
@@ -331,6 +338,34 @@ TEST(DemoCli, ChatAnswersEachTurn) {
   size_t n = 0;
   for (size_t pos = out.find(" tokens, tau"); pos != std::string::npos; pos = out.find(" tokens, tau", pos + 1)) n++;
   EXPECT_EQ(n, 2u) << out;  // one stats line per answered turn
+}
+
+// qflash chat continues each turn from the previous turn's prompt state (the prefix cache): the
+// second turn prefills only what is new, and its reply is byte for byte the reply of a session
+// without the cache, which prefills the whole conversation every turn.
+TEST(DemoCli, ChatSecondTurnResumesAndEqualsAFullPrefill) {
+  std::string system;
+  for (int i = 0; i < 10; i++) system += "Answer in Python. Rule " + std::to_string(i) + ": keep functions short. ";
+  const std::string input = "printf 'def add(a, b):\\nwrite a test for it\\n\\n' | ";
+  const std::string chat = qflash_bin() + " chat --device cpu --max-tokens 16 --no-think --stats --system '" + system + "'";
+  const std::string err_cached = ::testing::TempDir() + "/chat_cached.err";
+  int s1, s2;
+  const std::string cached = shell(input + chat + " 2>" + err_cached, &s1);
+  const std::string fresh = shell(input + chat + " --prefix-cache-mb 0 2>/dev/null", &s2);
+  EXPECT_EQ(s1, 0);
+  EXPECT_EQ(s2, 0);
+  EXPECT_FALSE(cached.empty());
+  EXPECT_EQ(cached, fresh) << "the replies with and without prefix reuse differ";
+  int s3;
+  const std::string err = shell("cat " + err_cached, &s3);
+  // Turn 1 reuses nothing; turn 2 at least the system prompt's first 64 tokens, in whole blocks.
+  std::vector<int> reused;
+  const std::regex re("prompt ([0-9]+) tokens, ([0-9]+) reused");
+  for (std::sregex_iterator it(err.begin(), err.end(), re), end; it != end; ++it) reused.push_back(std::stoi((*it)[2]));
+  ASSERT_EQ(reused.size(), 2u) << err;
+  EXPECT_EQ(reused[0], 0) << err;
+  EXPECT_GE(reused[1], 64) << err;
+  EXPECT_EQ(reused[1] % 64, 0) << err;
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "io/quantize.h"
+#include "model/qwen38.h"
 #include "runtime/draft_source.h"
 #include "runtime/generate.h"
 #include "support/test_models.h"

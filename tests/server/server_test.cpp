@@ -1,147 +1,313 @@
-// The OpenAI-compatible server on loopback, driven by an HTTP client: completions (plain and
-// streamed) carry exactly the engine's greedy text, chat works, bad requests get 400s with an
-// error message, and the live page and stats endpoint answer.
+// The OpenAI-compatible server on loopback, driven over raw HTTP: completions (whole and
+// streamed) carry exactly the engine's greedy text, each streamed piece says how its token was
+// produced, and every bad request gets an OpenAI-style error with the right status.
 #include <gtest/gtest.h>
-#include <httplib.h>
 
 #include <nlohmann/json.hpp>
 
-#include "server/server.h"
+#include "tests/server/server_fixture.h"
 
-namespace qf {
+namespace qf::test {
 namespace {
 
 using json = nlohmann::json;
 
 class ServerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    EngineOptions eo;
-    eo.device = "cpu";
-    eo.max_context = 1024;
-    engine_ = Engine::create(eo).release();
-    ServerOptions so;
-    so.model_name = "demo";
-    server_ = new Server(*engine_, so);
-    port_ = server_->start_background();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    delete engine_;
-  }
-  httplib::Client client() { return httplib::Client("127.0.0.1", port_); }
-  // The engine's own greedy text for a prompt: what the server must return.
-  std::string expected(const std::string& prompt, int n) {
-    GenerateOptions g;
-    g.max_new_tokens = n;
-    g.stop_ids = engine_->stop_ids();
-    StreamDecoder dec(engine_->tokenizer());
-    std::string out;
-    engine_->generate(engine_->tokenizer().encode(prompt), g, [&](int32_t t) {
-      out += dec.push(t);
-      return true;
-    });
-    return out + dec.flush();
-  }
-  static Engine* engine_;
-  static Server* server_;
-  static int port_;
+  static void SetUpTestSuite() { srv_ = new RunningServer(); }
+  static void TearDownTestSuite() { delete srv_; }
+  static int port() { return srv_->port; }
+  static RunningServer* srv_;
 };
-Engine* ServerTest::engine_ = nullptr;
-Server* ServerTest::server_ = nullptr;
-int ServerTest::port_ = 0;
+RunningServer* ServerTest::srv_ = nullptr;
+
+// An error reply: the status, and an OpenAI-style body naming the parameter, no library text.
+void expect_error(const HttpResponse& r, int status, const std::string& param, const std::string& what = "") {
+  ASSERT_TRUE(r.ok);
+  EXPECT_EQ(r.status, status) << r.body;
+  EXPECT_EQ(r.headers.at("content-type"), "application/json");
+  const json j = json::parse(r.body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.body;
+  ASSERT_TRUE(j.contains("error")) << r.body;
+  EXPECT_TRUE(j["error"]["message"].is_string());
+  EXPECT_TRUE(j["error"]["type"].is_string());
+  if (param.empty())
+    EXPECT_TRUE(j["error"]["param"].is_null()) << r.body;
+  else
+    EXPECT_EQ(j["error"]["param"], param) << r.body;
+  if (!what.empty()) {
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(what), std::string::npos) << r.body;
+  }
+  EXPECT_EQ(r.body.find("json.exception"), std::string::npos) << r.body;
+  EXPECT_EQ(r.body.find("std::"), std::string::npos) << r.body;
+}
 
 TEST_F(ServerTest, HealthModelsAndLivePage) {
-  ASSERT_GT(port_, 0);
-  auto c = client();
-  auto h = c.Get("/health");
-  ASSERT_TRUE(h);
-  EXPECT_EQ(h->status, 200);
-  auto m = c.Get("/v1/models");
-  ASSERT_TRUE(m);
-  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "demo");
-  auto page = c.Get("/");
-  ASSERT_TRUE(page);
-  EXPECT_NE(page->body.find("<html"), std::string::npos);
+  auto h = request(port(), "GET", "/health");
+  ASSERT_TRUE(h.ok);
+  EXPECT_EQ(h.status, 200);
+  auto m = request(port(), "GET", "/v1/models");
+  EXPECT_EQ(json::parse(m.body)["data"][0]["id"], "demo");
+  EXPECT_EQ(json::parse(request(port(), "GET", "/v1/models/demo").body)["id"], "demo");
+  expect_error(request(port(), "GET", "/v1/models/gpt-4"), 404, "model");
+  auto page = request(port(), "GET", "/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.body.find("<html"), std::string::npos);
+  EXPECT_NE(page.body.find("id=\"prompt\""), std::string::npos);
 }
 
 TEST_F(ServerTest, CompletionEqualsEngineOutputAndReportsTelemetry) {
   const std::string prompt = "import os\nimport sys\n";
-  const std::string want = expected(prompt, 24);
-  auto c = client();
-  auto r = c.Post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 24}}.dump(), "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
-  auto j = json::parse(r->body);
+  auto r = post(port(), "/v1/completions", {{"prompt", prompt}, {"max_tokens", 24}, {"model", "demo"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = json::parse(r.body);
   EXPECT_EQ(j["object"], "text_completion");
-  EXPECT_EQ(j["choices"][0]["text"], want);
+  EXPECT_EQ(j["choices"][0]["text"], engine_text(prompt, 24));
   EXPECT_EQ(j["usage"]["completion_tokens"].get<int>(), j["usage"]["qflash"]["generated_tokens"].get<int>());
   EXPECT_GE(j["usage"]["qflash"]["tau"].get<double>(), 1.0);
   EXPECT_EQ(j["usage"]["qflash"]["draft"], "dflash2");
-  auto s = c.Get("/v1/stats");
-  ASSERT_TRUE(s);
-  EXPECT_EQ(json::parse(s->body)["last"]["generated_tokens"], j["usage"]["completion_tokens"]);
+  auto s = request(port(), "GET", "/v1/stats");
+  EXPECT_EQ(json::parse(s.body)["last"]["generated_tokens"], j["usage"]["completion_tokens"]);
 }
 
-TEST_F(ServerTest, StreamedCompletionConcatenatesToTheSameText) {
+// The stream's text is the engine's, and its pieces name each token's origin: with no stop
+// token in the way every accepted draft and every target token is emitted, so the counts are
+// the round loop's own (accepted drafts; one target token per round plus the first).
+TEST_F(ServerTest, StreamCarriesTheTextAndEachTokensOrigin) {
   const std::string prompt = "def main(argv):\n";
-  const std::string want = expected(prompt, 32);
-  auto c = client();
-  std::string body;
-  auto r = c.Post("/v1/completions", json{{"prompt", prompt}, {"max_tokens", 32}, {"stream", true}}.dump(),
-                  "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200);
-  std::string text;
-  bool done = false, usage = false;
-  size_t pos = 0;
-  while ((pos = r->body.find("data: ", pos)) != std::string::npos) {
-    const size_t end = r->body.find("\n\n", pos);
-    const std::string payload = r->body.substr(pos + 6, end - pos - 6);
-    pos = end;
-    if (payload == "[DONE]") {
-      done = true;
-      continue;
-    }
-    auto j = json::parse(payload);
+  auto r = post(port(), "/v1/completions", {{"prompt", prompt}, {"max_tokens", 40}, {"stream", true}, {"ignore_eos", true}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers.at("content-type"), "text/event-stream");
+  const auto payloads = sse_payloads(r.body);
+  ASSERT_FALSE(payloads.empty());
+  EXPECT_EQ(payloads.back(), "[DONE]");
+  std::string text, pieces_text;
+  int drafts = 0, targets = 0;
+  json usage;
+  for (const std::string& p : payloads) {
+    if (p == "[DONE]") continue;
+    auto j = json::parse(p);
     text += j["choices"][0]["text"].get<std::string>();
-    usage = usage || j.contains("usage");
+    if (j.contains("usage")) usage = j["usage"];
+    if (!j.contains("qflash")) continue;
+    for (const auto& piece : j["qflash"]["pieces"]) {
+      pieces_text += piece["text"].get<std::string>();
+      (piece["draft"].get<bool>() ? drafts : targets)++;
+    }
+    EXPECT_TRUE(j["qflash"]["stats"].contains("tau"));
   }
-  EXPECT_TRUE(done);
-  EXPECT_TRUE(usage);
-  EXPECT_EQ(text, want);
+  EXPECT_EQ(text, engine_text(prompt, 40, true));
+  EXPECT_EQ(pieces_text, text);
+  ASSERT_FALSE(usage.is_null());
+  ASSERT_EQ(drafts + targets, usage["completion_tokens"].get<int>()) << "one piece per token (ASCII text)";
+  EXPECT_EQ(drafts, usage["qflash"]["accepted"].get<int>());
+  EXPECT_EQ(targets, usage["qflash"]["rounds"].get<int>() + 1);
+  EXPECT_GT(drafts, 0) << "the demo drafter gets drafts accepted on code";
 }
 
-TEST_F(ServerTest, ChatCompletion) {
-  auto c = client();
-  json req = {{"messages", {{{"role", "user"}, {"content", "hello"}}}}, {"max_tokens", 8},
+TEST_F(ServerTest, BadRequestsGetOpenAIErrorsNamingTheField) {
+  auto raw = [&](const std::string& body) { return request(port(), "POST", "/v1/completions", body); };
+  expect_error(raw("{not json"), 400, "", "request body");
+  expect_error(raw(""), 400, "", "request body");
+  expect_error(raw(std::string(200, '[') + std::string(200, ']')), 400, "", "nested");
+  expect_error(post(port(), "/v1/completions", {{"max_tokens", 3}}), 400, "prompt");
+  expect_error(post(port(), "/v1/chat/completions", {{"messages", json::array()}}), 400, "messages");
+  expect_error(post(port(), "/v1/completions", {{"prompt", "x"}, {"temperature", -1}}), 400, "temperature");
+  expect_error(post(port(), "/v1/completions", {{"prompt", "x"}, {"stream", "yes"}}), 400, "stream");
+  expect_error(post(port(), "/v1/completions", {{"prompt", "x"}, {"n", 2}}), 400, "n");
+  expect_error(post(port(), "/v1/completions", {{"prompt", "x"}, {"stop", {"a", "b", "c", "d", "e"}}}), 400, "stop");
+  expect_error(post(port(), "/v1/completions", {{"prompt", "x"}, {"model", "gpt-4"}}), 404, "model", "gpt-4");
+  expect_error(post(port(), "/v1/chat/completions",
+                    {{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}, {"image_url", "x"}}}}}}}}),
+               400, "messages[0].content[0]");
+  expect_error(post(port(), "/v1/chat/completions", {{"messages", {{{"role", "robot"}, {"content", "x"}}}}}), 400,
+               "messages[0].role");
+  // A huge value is not echoed back whole.
+  auto big = post(port(), "/v1/completions", {{"prompt", std::string(100000, 'x')}, {"top_p", std::string(5000, 'y')}});
+  expect_error(big, 400, "top_p");
+  EXPECT_LT(big.body.size(), 1000u);
+}
+
+// Bad options get a 400 with the shared validators' message, streamed or not (the request is
+// checked before the reply starts); the vLLM-style extensions reach the engine.
+TEST_F(ServerTest, OptionsAreCheckedBeforeTheReplyAndReachTheEngine) {
+  for (bool stream : {false, true}) {
+    auto a = post(port(), "/v1/completions", {{"prompt", "x"}, {"max_tokens", 4294967297LL}, {"stream", stream}});
+    expect_error(a, 400, "max_tokens");
+    EXPECT_EQ(json::parse(a.body)["error"]["message"], "max_tokens: expected an integer in [1, 1048576], found 4294967297");
+    auto b = post(port(), "/v1/completions", {{"prompt", "x"}, {"max_tokens", 4}, {"draft_k", 8}, {"stream", stream}});
+    expect_error(b, 400, "draft_k");
+    EXPECT_EQ(json::parse(b.body)["error"]["message"],
+              "draft_k: expected an integer in [1, 7] (the most draft source dflash2 proposes here), found 8");
+    // Over the context (1024 positions): 400 for a stream too, not 200 and an SSE error.
+    expect_error(post(port(), "/v1/completions", {{"prompt", "x"}, {"max_tokens", 2000}, {"stream", stream}}), 400, "max_tokens");
+    expect_error(post(port(), "/v1/chat/completions",
+                      {{"messages", {{{"role", "user"}, {"content", std::string(4000, 'x') + " y z"}}}}, {"stream", stream}}),
+                 400, "prompt");
+  }
+  auto k = post(port(), "/v1/completions", {{"prompt", "import os\n"}, {"max_tokens", 8}, {"draft_k", 2}});
+  ASSERT_EQ(k.status, 200) << k.body;
+  EXPECT_EQ(json::parse(k.body)["usage"]["qflash"]["k"], 2);
+  // The first greedy token as a stop id: nothing is emitted.
+  GenerateOptions one;
+  one.max_new_tokens = 1;
+  int32_t first = -1;
+  demo_engine().generate(demo_engine().tokenizer().encode("import os\n"), one, [&](int32_t t) {
+    first = t;
+    return true;
+  });
+  auto s = post(port(), "/v1/completions", {{"prompt", "import os\n"}, {"max_tokens", 8}, {"stop_token_ids", {first}}});
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(json::parse(s.body)["usage"]["completion_tokens"], 0);
+  EXPECT_EQ(json::parse(s.body)["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ServerTest, WrongMethodsAndPaths) {
+  auto a = request(port(), "GET", "/v1/completions");
+  expect_error(a, 405, "");
+  EXPECT_EQ(a.headers.at("allow"), "POST");
+  auto b = request(port(), "POST", "/health", "{}");
+  expect_error(b, 405, "");
+  EXPECT_EQ(b.headers.at("allow"), "GET");
+  expect_error(request(port(), "DELETE", "/v1/chat/completions"), 405, "");
+  expect_error(request(port(), "GET", "/v2/nothing"), 404, "");
+}
+
+TEST_F(ServerTest, FinishReasonLengthWhenMaxTokensOrTheContextEnds) {
+  auto a = post(port(), "/v1/completions", {{"prompt", "def f(x):\n"}, {"max_tokens", 5}, {"ignore_eos", true}});
+  ASSERT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(json::parse(a.body)["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(json::parse(a.body)["usage"]["completion_tokens"], 5);
+  // No max_tokens and a prompt near the end of a 96-position context: the context ends the answer.
+  RunningServer small({}, small_engine());
+  std::string prompt;
+  for (int i = 0; i < 14; i++) prompt += "x = 1\n";
+  const int n = static_cast<int>(small_engine().tokenizer().encode(prompt).size());
+  ASSERT_LT(n, 90);
+  auto b = post(small.port, "/v1/completions", {{"prompt", prompt}, {"ignore_eos", true}});
+  ASSERT_EQ(b.status, 200) << b.body;
+  const json j = json::parse(b.body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["completion_tokens"].get<int>(), 96 - n);
+}
+
+// Stop strings end the answer before them, also when one is split across tokens and in a stream.
+TEST_F(ServerTest, StopStringsSplitAcrossTokens) {
+  const std::string prompt = "class Config:\n    def __init__(self";
+  const auto pieces = engine_pieces(demo_engine().tokenizer().encode(prompt), 48, true);
+  ASSERT_GE(pieces.size(), 12u);
+  std::string full;
+  for (const auto& p : pieces) full += p;
+  // The last character of piece 6 and the first two of piece 7: a stop string across tokens.
+  size_t cut = 0;
+  for (int i = 0; i < 6; i++) cut += pieces[i].size();
+  ASSERT_FALSE(pieces[5].empty());
+  ASSERT_GE(pieces[6].size(), 2u);
+  const std::string stop = full.substr(cut - 1, 3);
+  const std::string want = full.substr(0, full.find(stop));
+  for (bool stream : {false, true}) {
+    auto r = post(port(), "/v1/completions",
+                  {{"prompt", prompt}, {"max_tokens", 48}, {"ignore_eos", true}, {"stop", {"@never@", stop}}, {"stream", stream}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    std::string text, reason;
+    if (stream) {
+      for (const auto& p : sse_payloads(r.body)) {
+        if (p == "[DONE]") continue;
+        auto j = json::parse(p);
+        text += j["choices"][0]["text"].get<std::string>();
+        if (!j["choices"][0]["finish_reason"].is_null()) reason = j["choices"][0]["finish_reason"];
+      }
+    } else {
+      text = json::parse(r.body)["choices"][0]["text"];
+      reason = json::parse(r.body)["choices"][0]["finish_reason"];
+    }
+    EXPECT_EQ(text, want) << "stream " << stream << ", stop '" << stop << "'";
+    EXPECT_EQ(reason, "stop");
+  }
+}
+
+TEST_F(ServerTest, ChatStreamStartsWithTheRoleAndEqualsTheWholeReply) {
+  json req = {{"messages", {{{"role", "user"}, {"content", "def fib(n):"}}}}, {"max_tokens", 12},
               {"chat_template_kwargs", {{"enable_thinking", false}}}};
-  auto r = c.Post("/v1/chat/completions", req.dump(), "application/json");
-  ASSERT_TRUE(r);
-  ASSERT_EQ(r->status, 200) << r->body;
-  auto j = json::parse(r->body);
-  EXPECT_EQ(j["object"], "chat.completion");
-  EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
-  EXPECT_LE(j["usage"]["completion_tokens"].get<int>(), 8);
+  auto whole = post(port(), "/v1/chat/completions", req);
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const json w = json::parse(whole.body);
+  EXPECT_EQ(w["object"], "chat.completion");
+  EXPECT_EQ(w["choices"][0]["message"]["role"], "assistant");
+  req["stream"] = true;
+  auto s = post(port(), "/v1/chat/completions", req);
+  ASSERT_EQ(s.status, 200) << s.body;
+  const auto payloads = sse_payloads(s.body);
+  ASSERT_GE(payloads.size(), 3u);
+  const json first = json::parse(payloads[0]);
+  EXPECT_EQ(first["object"], "chat.completion.chunk");
+  EXPECT_EQ(first["choices"][0]["delta"]["role"], "assistant");
+  std::string content;
+  for (const auto& p : payloads) {
+    if (p == "[DONE]") continue;
+    const json d = json::parse(p)["choices"][0]["delta"];
+    if (d.contains("content")) content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(content, w["choices"][0]["message"]["content"].get<std::string>());
 }
 
-TEST_F(ServerTest, BadRequestsGet400WithAMessage) {
-  auto c = client();
-  auto a = c.Post("/v1/completions", "{not json", "application/json");
-  ASSERT_TRUE(a);
-  EXPECT_EQ(a->status, 400);
-  EXPECT_FALSE(json::parse(a->body)["error"]["message"].get<std::string>().empty());
-  auto b = c.Post("/v1/completions", json{{"max_tokens", 3}}.dump(), "application/json");
-  ASSERT_TRUE(b);
-  EXPECT_EQ(b->status, 400);
-  EXPECT_NE(b->body.find("prompt"), std::string::npos);
-  auto d = c.Post("/v1/chat/completions", json{{"messages", json::array()}}.dump(), "application/json");
-  ASSERT_TRUE(d);
-  EXPECT_EQ(d->status, 400);
-  auto e = c.Post("/v1/completions", json{{"prompt", "x"}, {"temperature", -1}}.dump(), "application/json");
-  ASSERT_TRUE(e);
-  EXPECT_EQ(e->status, 400);
+// Prefix reuse through the server (runtime/prefix_cache.h): a request whose prompt extends an
+// earlier one resumes from that one's snapshot and says how many prompt tokens it reused in
+// usage.prompt_tokens_details.cached_tokens (in the stream's last chunk too); the text is still
+// the engine's own without a cache. The expected counts come from the tokenizations: the last
+// multiple of 64 below the earlier prompt's length, if the later prompt starts with those tokens
+// and the one after.
+TEST(ServerPrefixCache, ReportsReusedTokensAndKeepsTheText) {
+  static std::unique_ptr<Engine> engine = [] {
+    EngineOptions eo;
+    eo.device = "cpu";
+    eo.max_context = 1024;
+    eo.prefix_cache_mb = 64;
+    return Engine::create(eo);
+  }();
+  RunningServer srv(ServerOptions{}, *engine);
+  std::string p1;
+  for (int i = 0; i < 12; i++) p1 += "def f" + std::to_string(i) + "(x):\n    return x * " + std::to_string(i) + "\n\n";
+  const std::string p2 = p1 + "class Point:\n    def __init__(self, x, y):\n", p3 = p2 + "        self.x = x\n";
+  const Tokenizer& tok = engine->tokenizer();
+  const auto ids1 = tok.encode(p1), ids2 = tok.encode(p2), ids3 = tok.encode(p3);
+  ASSERT_GT(ids1.size(), 129u) << "the first prompt must span two snapshot blocks";
+  auto reused = [](const std::vector<int32_t>& before, const std::vector<int32_t>& now) {
+    const size_t b = (before.size() - 1) / 64 * 64;
+    return now.size() > b && std::equal(before.begin(), before.begin() + b + 1, now.begin()) ? static_cast<int>(b) : 0;
+  };
+  const int want2 = reused(ids1, ids2), want3 = reused(ids2, ids3);
+  ASSERT_GT(want2, 0) << "the extension must keep the first prompt's tokens";
+  ASSERT_GT(want3, 0);
+
+  auto r1 = post(srv.port, "/v1/completions", {{"prompt", p1}, {"max_tokens", 12}});
+  ASSERT_EQ(r1.status, 200) << r1.body;
+  json j = json::parse(r1.body);
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(j["choices"][0]["text"], engine_text(p1, 12));
+
+  auto r2 = post(srv.port, "/v1/completions", {{"prompt", p2}, {"max_tokens", 12}});
+  ASSERT_EQ(r2.status, 200) << r2.body;
+  j = json::parse(r2.body);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], static_cast<int>(ids2.size()));
+  EXPECT_EQ(j["usage"]["prompt_tokens_details"]["cached_tokens"], want2);
+  EXPECT_EQ(j["usage"]["qflash"]["cached_tokens"], want2);
+  EXPECT_EQ(j["choices"][0]["text"], engine_text(p2, 12));
+
+  auto r3 = post(srv.port, "/v1/completions", {{"prompt", p3}, {"max_tokens", 12}, {"stream", true}});
+  ASSERT_EQ(r3.status, 200) << r3.body;
+  std::string text;
+  json usage;
+  for (const std::string& p : sse_payloads(r3.body)) {
+    if (p == "[DONE]") continue;
+    const json c = json::parse(p);
+    text += c["choices"][0]["text"].get<std::string>();
+    if (c.contains("usage")) usage = c["usage"];
+  }
+  ASSERT_FALSE(usage.is_null());
+  EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], want3);
+  EXPECT_EQ(text, engine_text(p3, 12));
 }
 
 }  // namespace
-}  // namespace qf
+}  // namespace qf::test

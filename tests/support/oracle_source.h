@@ -19,7 +19,7 @@ class OracleSource final : public DraftSource {
   int max_k() const override { return max_k_; }
   int default_k() const override { return max_k_; }
   void begin(int) override {}
-  void observe(const Qwen38Model&, int, int, const int32_t*) override {}
+  void observe(const TargetModel&, int, int, const int32_t*) override {}
   void draft(int32_t, int pos, int k, int32_t* out) override {
     int right = k;
     if (mode_ == OracleMode::AllWrong) right = 0;

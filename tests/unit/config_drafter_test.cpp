@@ -1,5 +1,5 @@
 // Drafter config.json parsing and target pairing guards (src/io/config.h) against fixtures
-// written from spec/dflash2.md sections 1.1 and 8 (tests/fixtures/configs/make_configs.py).
+// written from docs/spec/dflash2.md sections 1.1 and 8 (tests/fixtures/configs/make_configs.py).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -58,7 +58,7 @@ auto in_dflash(const char* key, json v) {
 
 TEST(ConfigDrafter, Published27b) {
   qf::DrafterConfig c = qf::load_drafter_config(kDrafter27b);
-  // Expected values: spec/dflash2.md section 1.1.
+  // Expected values: docs/spec/dflash2.md section 1.1.
   EXPECT_EQ(c.path, kDrafter27b + "/config.json");
   EXPECT_EQ(c.architecture, "DFlash2DraftModel");
   EXPECT_TRUE(c.is_v2);
@@ -89,7 +89,7 @@ TEST(ConfigDrafter, Published27b) {
 
 TEST(ConfigDrafter, TinyPairsWithTinyTarget) {
   qf::DrafterConfig c = qf::load_drafter_config(kDrafterTiny);
-  // Expected values: spec/dflash2.md section 8.
+  // Expected values: docs/spec/dflash2.md section 8.
   EXPECT_EQ(c.hidden_size, 256);
   EXPECT_EQ(c.intermediate_size, 768);
   EXPECT_EQ(c.num_hidden_layers, 2);

@@ -1,4 +1,4 @@
-// Target config.json parsing (src/io/config.h) against fixtures written from spec/qwen38.md and
+// Target config.json parsing (src/io/config.h) against fixtures written from docs/spec/qwen38.md and
 // by transformers itself (tests/fixtures/configs/make_configs.py).
 #include <gtest/gtest.h>
 
@@ -52,7 +52,7 @@ TEST(ConfigTarget, Full27bMultimodal) {
   EXPECT_EQ(c.path, k27b + "/config.json");
   EXPECT_EQ(c.layout, "multimodal");
   EXPECT_EQ(c.model_type, "qwen3_5");
-  // Expected values: spec/qwen38.md section 1.2 and 1.3.
+  // Expected values: docs/spec/qwen38.md section 1.2 and 1.3.
   EXPECT_EQ(c.hidden_size, 5120);
   EXPECT_EQ(c.num_hidden_layers, 64);
   EXPECT_EQ(c.num_attention_heads, 24);
@@ -93,7 +93,7 @@ TEST(ConfigTarget, Full27bMultimodal) {
 
 TEST(ConfigTarget, TinyTextAsTransformersWritesIt) {
   qf::TargetConfig c = qf::load_target_config(kTiny);
-  // Expected values: spec/qwen38.md section 9.
+  // Expected values: docs/spec/qwen38.md section 9.
   EXPECT_EQ(c.layout, "text");
   EXPECT_EQ(c.model_type, "qwen3_5_text");
   EXPECT_EQ(c.hidden_size, 256);

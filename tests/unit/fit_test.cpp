@@ -4,6 +4,7 @@
 #include "core/error.h"
 #include "io/config.h"
 #include "io/safetensors.h"
+#include "runtime/engine.h"
 #include "runtime/fit.h"
 #include "support/fixtures.h"
 
@@ -32,6 +33,10 @@ TEST(Fit, EstimateCountsEveryLoadedTensorOfTheDemoPair) {
   EXPECT_GT(longer.cache, e.cache);
   EXPECT_EQ(longer.target_weights, e.target_weights);
   EXPECT_GT(estimate_memory(c, st, &dr, 4096, 128, 17).work, e.work);
+  // Prefill buffers: ~0.6 MB per row at 27B, growing with the chunk.
+  const size_t p1 = estimate_memory(c, st, &dr, 4096, 64, 17, 1024).work;
+  EXPECT_GT(p1, e.work);
+  EXPECT_GT(estimate_memory(c, st, &dr, 4096, 64, 17, 4096).work, p1);
 }
 
 TEST(Fit, VisionTowerTensorsAreNotCounted) {
@@ -55,13 +60,50 @@ TEST(Fit, ErrorNamesTheDeviceAndTheBytes) {
     EXPECT_NE(m.find("/models/qwen"), std::string::npos) << m;
     EXPECT_NE(m.find("59.06 GB"), std::string::npos) << m;  // 55 GiB needed
     EXPECT_NE(m.find("23.62 GB"), std::string::npos) << m;  // 22 GiB free
-    EXPECT_NE(m.find("qflash quantize"), std::string::npos) << m;
+    EXPECT_NE(m.find("--weights int4"), std::string::npos) << m;  // the advice names the flag
   }
   // Enough room: no error. Unknown free memory (0): no check.
   EXPECT_NO_THROW(check_fits(e, size_t(140) << 30, size_t(141) << 30, "cuda:0", "m"));
   EXPECT_NO_THROW(check_fits(e, 0, 0, "cpu", "m"));
   // The margin counts: exactly the bytes needed is not enough.
   EXPECT_THROW(check_fits(e, e.total(), e.total(), "cuda:0", "m"), Error);
+}
+
+}  // namespace
+}  // namespace qf
+
+namespace qf {
+namespace {
+
+// A GPU load checks the drafter's pairing from config.json before the fit estimate opens the
+// drafter's weight files: a mismatched drafter folder (config only, no weights) must give the
+// mismatch message, and the fit step, which here fails on purpose, must not have run.
+TEST(Fit, DrafterPairGuardRunsBeforeTheFitCheckOpensItsFiles) {
+  EngineOptions opt;
+  opt.draft = test::source_path("tests/fixtures/configs/mismatch_vocab");
+  int fit_calls = 0;
+  const auto failing_fit = [&](const MemoryEstimate&) {
+    fit_calls++;
+    fail(ErrorKind::Backend, "fake fit: the model does not fit");
+  };
+  try {
+    check_before_upload(test::source_path("models/demo"), opt, failing_fit);
+    FAIL() << "a mismatched drafter passed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Config) << e.what();
+    EXPECT_NE(std::string(e.what()).find("vocab_size 4096"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fit_calls, 0);
+
+  // A matching drafter reaches the fit step, with its weights counted.
+  opt.draft = test::source_path("models/demo/drafter");
+  size_t drafter_bytes = 0;
+  check_before_upload(test::source_path("models/demo"), opt, [&](const MemoryEstimate& est) {
+    fit_calls++;
+    drafter_bytes = est.drafter_weights;
+  });
+  EXPECT_EQ(fit_calls, 1);
+  EXPECT_GT(drafter_bytes, 0u);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // After a partial accept, the restored GDN state and the KV rows equal those of plain decoding
-// at the same position, bit for bit (spec/speculative.md section 4).
+// at the same position, bit for bit (docs/spec/speculative.md section 4).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -25,8 +25,9 @@ TEST_P(Rollback, PartialAcceptRestoresPlainStateBitForBit) {
   test::TinyTarget t;
   t.mtp = false;
   const std::string dir = test::write_tiny_target(test::temp_dir("rb"), t);
-  auto be = test::make_test_backend(GetParam());
-  if (!be) GTEST_SKIP() << "no CUDA device";
+  std::string why;
+  auto be = test::make_test_backend(GetParam(), &why);
+  ASSERT_TRUE(be) << why;
   auto m = Qwen38Model::load(dir, be.get(), 16);
   std::mt19937_64 rng(3);
   std::vector<int32_t> prompt(13);
@@ -67,7 +68,7 @@ TEST_P(Rollback, PartialAcceptRestoresPlainStateBitForBit) {
       auto y = download_all(*be, ss->gdn[i], ss->gdn[i].bytes());
       ASSERT_EQ(0, std::memcmp(x.data(), y.data(), x.size() * 4)) << "GDN layer slot " << i << " a=" << a;
     }
-    const size_t kv_bytes = static_cast<size_t>(sp->pos) * t.kv_heads * t.head_dim * sizeof(float);
+    const size_t kv_bytes = static_cast<size_t>(sp->pos) * t.kv_heads * t.head_dim * dtype_size(sp->kv_dtype);
     for (size_t i = 0; i < sp->kcache.size(); i++) {
       auto x = download_all(*be, sp->kcache[i], kv_bytes);
       auto y = download_all(*be, ss->kcache[i], kv_bytes);
@@ -79,7 +80,7 @@ TEST_P(Rollback, PartialAcceptRestoresPlainStateBitForBit) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Rollback, ::testing::Values("cpu", "cuda"));
+INSTANTIATE_TEST_SUITE_P(Backends, Rollback, ::testing::ValuesIn(test::test_backends()), test::backend_param_name);
 
 }  // namespace
 }  // namespace qf

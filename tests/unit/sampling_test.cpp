@@ -1,4 +1,4 @@
-// Sampling at T > 0 is lossless in distribution (spec/speculative.md section 5): with MTP or
+// Sampling at T > 0 is lossless in distribution (docs/spec/speculative.md section 5): with MTP or
 // DFlash2 drafting, the emitted tokens follow the target's own distribution. Checked with a
 // chi-square goodness-of-fit test against exact marginals computed from the model itself, on a
 // tiny random pair with a 48-token vocabulary. Seeds are fixed, so the test is deterministic.
@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/backend.h"
+#include "model/qwen38.h"
 #include "runtime/draft_source.h"
 #include "runtime/generate.h"
 #include "runtime/sampling.h"

@@ -1,12 +1,14 @@
-// The identity contract (spec/speculative.md section 2): greedy output with any draft source,
+// The identity contract (docs/spec/speculative.md section 2): greedy output with any draft source,
 // at any depth, with any draft quality equals plain decoding's, stops included.
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "backend/backend.h"
+#include "model/qwen38.h"
 #include "runtime/draft_source.h"
 #include "runtime/generate.h"
+#include "support/backends.h"
 #include "support/oracle_source.h"
 #include "support/test_models.h"
 
@@ -69,10 +71,10 @@ using Param = std::tuple<int, std::string>;
 class SpecIdentity : public ::testing::TestWithParam<Param> {
  protected:
   std::unique_ptr<Backend> backend() {
-    const std::string name = std::get<1>(GetParam());
-    if (name == "cpu") return make_cpu_backend();
     std::string why;
-    return make_cuda_backend(&why);
+    auto be = test::make_test_backend(std::get<1>(GetParam()), &why);
+    EXPECT_TRUE(be) << why;
+    return be;
   }
   const Pair& the_pair() { return pair(std::get<0>(GetParam())); }
 };
@@ -80,7 +82,7 @@ class SpecIdentity : public ::testing::TestWithParam<Param> {
 TEST_P(SpecIdentity, OrganicDraftsMatchPlain) {
   const Pair& p = the_pair();
   auto be = backend();
-  if (!be) GTEST_SKIP() << "no CUDA device";
+  if (!be) return;
   auto m = Qwen38Model::load(p.target, be.get(), 16);
   for (uint64_t seed : {1u, 2u}) {
     auto prompt = random_prompt(seed == 1 ? 7 : 37, p.t.vocab, seed);
@@ -89,11 +91,13 @@ TEST_P(SpecIdentity, OrganicDraftsMatchPlain) {
     MtpDraftSource mtp(*m, 512);
     DFlashDraftSource dfl(DFlash2Drafter::load(p.drafter, *m));
     DFlashDraftSource dfl1(DFlash2Drafter::load(p.drafter_v1, *m));
-    for (int k : {1, 3, 7}) {
+    // kDraftKAuto: the depth controller picks k per round (plain steps included), on measured costs.
+    for (int k : {kDraftKAuto, 1, 3, 7}) {
       for (DraftSource* s : std::vector<DraftSource*>{&mtp, &dfl, &dfl1}) {
         GenRun r = gen(*m, s, prompt, 200, k);
         EXPECT_EQ(r.tokens, plain.tokens) << s->name() << " k=" << k << " seed=" << seed;
-        EXPECT_EQ(r.stats.k, k);
+        EXPECT_EQ(r.stats.k_auto, k == kDraftKAuto);
+        EXPECT_EQ(r.stats.k, k == kDraftKAuto ? s->max_k() : k);
         EXPECT_LT(r.stats.rounds, 201);
       }
     }
@@ -109,16 +113,16 @@ TEST_P(SpecIdentity, OrganicDraftsMatchPlain) {
 TEST_P(SpecIdentity, InjectedDraftsMatchPlain) {
   const Pair& p = the_pair();
   auto be = backend();
-  if (!be) GTEST_SKIP() << "no CUDA device";
+  if (!be) return;
   auto m = Qwen38Model::load(p.target, be.get(), 16);
   auto prompt = random_prompt(11, p.t.vocab, 5);
   GenRun plain = gen(*m, nullptr, prompt, 220, 0);
-  for (int k : {1, 3, 7}) {
+  for (int k : {kDraftKAuto, 1, 3, 7}) {
     for (auto mode : {test::OracleMode::AllRight, test::OracleMode::AllWrong, test::OracleMode::RandomPrefix}) {
       test::OracleSource src(plain.tokens, static_cast<int>(prompt.size()), p.t.vocab, mode, 7, 100 + k);
       GenRun r = gen(*m, &src, prompt, 220, k);
       EXPECT_EQ(r.tokens, plain.tokens) << "k=" << k << " mode=" << static_cast<int>(mode);
-      if (mode == test::OracleMode::AllRight) {
+      if (mode == test::OracleMode::AllRight && k != kDraftKAuto) {
         EXPECT_EQ(r.stats.accepted, r.stats.drafted);
         EXPECT_GT(r.stats.tau(), k + 0.5);  // k+1 per round; the last rounds may draft fewer
       }
@@ -133,7 +137,7 @@ TEST_P(SpecIdentity, InjectedDraftsMatchPlain) {
 TEST_P(SpecIdentity, StopInsideRoundIsHonoured) {
   const Pair& p = the_pair();
   auto be = backend();
-  if (!be) GTEST_SKIP() << "no CUDA device";
+  if (!be) return;
   auto m = Qwen38Model::load(p.target, be.get(), 16);
   auto prompt = random_prompt(9, p.t.vocab, 9);
   GenRun plain = gen(*m, nullptr, prompt, 120, 0);
@@ -144,7 +148,7 @@ TEST_P(SpecIdentity, StopInsideRoundIsHonoured) {
   GenRun plain_stop = gen(*m, nullptr, prompt, 120, 0, {stop});
   ASSERT_EQ(plain_stop.tokens.size(), first);
   ASSERT_EQ(plain_stop.stats.stop_reason, "stop_token");
-  for (int k : {3, 7}) {
+  for (int k : {kDraftKAuto, 3, 7}) {
     test::OracleSource src(plain.tokens, static_cast<int>(prompt.size()), p.t.vocab, test::OracleMode::AllRight, 7, 3);
     GenRun r = gen(*m, &src, prompt, 120, k, {stop});
     EXPECT_EQ(r.tokens, plain_stop.tokens) << "k=" << k;
@@ -156,7 +160,7 @@ TEST_P(SpecIdentity, StopInsideRoundIsHonoured) {
   EXPECT_EQ(r.tokens, std::vector<int32_t>(plain.tokens.begin(), plain.tokens.begin() + 10));
 }
 
-INSTANTIATE_TEST_SUITE_P(Pairs, SpecIdentity, ::testing::Combine(::testing::Values(0, 1), ::testing::Values("cpu", "cuda")),
+INSTANTIATE_TEST_SUITE_P(Pairs, SpecIdentity, ::testing::Combine(::testing::Values(0, 1), ::testing::ValuesIn(test::test_backends())),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param) == 0 ? "tiny" : "odd") + "_" + std::get<1>(info.param);
                          });

@@ -1,4 +1,4 @@
-// ChatML rendering (spec/qwen38.md 5.2): transformers' output where the Qwen3 template agrees
+// ChatML rendering (docs/spec/qwen38.md 5.2): transformers' output where the Qwen3 template agrees
 // with the 3.8 grammar, hand-written strings where 3.8 differs.
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 # Runs the CUDA backend's checks on the GPU machine (no network, no installs: the binaries are
 # built elsewhere and carried). Steps, each logged under $OUT/gpu_check (or a temp dir):
 #   1. device facts (nvidia-smi)
-#   2. qflash_tests --gtest_filter='Cuda*'            (every op vs the CPU twin, row-invariance)
+#   2. qflash_tests --gtest_filter='Cuda*:Op/*_cuda'  (the op table on cuda, CUDA-only checks)
 #   3. qflash_tests on the model-level CUDA cases     (identity, rollback, parity on cuda)
 #   4. qflash_gemv_bench                               (copy ceiling, GEMV GB/s for M = 1..16)
 #   5. qflash run --device cuda on models/demo         (if present; skipped otherwise)
@@ -13,7 +13,7 @@
 #   --quick: shorter bench (no schedule variants, first three shapes).
 # Environment: GPU_CHECK_TEST_TIMEOUT (s, default 300), GPU_CHECK_BENCH_TIMEOUT (s, default 240),
 #   GPU_CHECK_SKIP="tests model bench run" (space-separated steps to skip),
-#   GPU_CHECK_SOURCE_DIR (the source path compiled into qflash_tests, default /work/main).
+#   GPU_CHECK_SOURCE_DIR (the source path compiled into qflash_tests; default: BUILD_DIR's CMakeCache).
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -35,10 +35,10 @@ BENCH_TIMEOUT="${GPU_CHECK_BENCH_TIMEOUT:-240}"
 SKIP=" ${GPU_CHECK_SKIP:-} "
 
 # The test binary finds its fixtures under the source path compiled into it (the build
-# machine's checkout, /work/main by default). When this copy lives elsewhere, point that path
-# here (best effort; only the parity tests need fixtures).
-SRC_LINK="${GPU_CHECK_SOURCE_DIR:-/work/main}"
-if [[ ! -e "$SRC_LINK" && "$SRC_LINK" != "$ROOT" ]]; then
+# machine's checkout, as the build folder's CMakeCache.txt records it). When this copy lives
+# elsewhere, point that path here (best effort; only the parity tests need fixtures).
+SRC_LINK="${GPU_CHECK_SOURCE_DIR:-$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" 2>/dev/null)}"
+if [[ -n "$SRC_LINK" && ! -e "$SRC_LINK" && "$SRC_LINK" != "$ROOT" ]]; then
   mkdir -p "$(dirname "$SRC_LINK")" 2>/dev/null && ln -s "$ROOT" "$SRC_LINK" 2>/dev/null &&
     echo "linked $SRC_LINK -> $ROOT (fixtures for the parity tests)"
 fi
@@ -83,8 +83,8 @@ DEV=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,nohea
 record "device" "$([[ -n "$DEV" ]] && echo OK || echo FAIL)" 0 "${DEV:-nvidia-smi gave nothing}"
 
 # 2-3. tests
-run_gtest tests 'Cuda*'
-run_gtest model '*_cuda:*Rollback.*/1'
+run_gtest tests 'Cuda*:Op/*_cuda'
+run_gtest model '*_cuda:*/cuda-Op/*'
 
 # 4. GEMV bench
 name=bench

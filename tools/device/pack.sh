@@ -8,11 +8,13 @@ BUILD="${1:-build-cuda}"
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 STAGE=$(mktemp -d)
 mkdir -p "$STAGE/bin" "$ROOT/gpu"
-for b in qflash qflash_tests qflash_e2e_tests qflash_gemv_bench; do
+for b in qflash qflash_tests qflash_e2e_tests qflash_gemv_bench qflash_lab_gemv_tc qflash_lab_gemv_fma qflash_gemm_bench qflash_gdn_chunk_bench; do
   cp "$BUILD/$b" "$STAGE/bin/"
 done
 strip "$STAGE"/bin/qflash*
 (cd "$ROOT" && echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src bench tests || echo +dirty)") >"$STAGE/bin/COMMIT"
+# The source path compiled into the test binaries (they read fixtures under it); session.sh links it.
+sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$BUILD/CMakeCache.txt" >"$STAGE/bin/SOURCE_DIR"
 tar -C "$STAGE" -cf - bin | xz -9 -T2 >"$ROOT/gpu/bin.tar.xz.tmp"
 mv "$ROOT/gpu/bin.tar.xz.tmp" "$ROOT/gpu/bin.tar.xz"
 rm -rf "$STAGE"

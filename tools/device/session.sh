@@ -10,19 +10,38 @@
 #   STEPS="ops model" bash tools/device/session.sh gpu/bin.tar.xz     # a subset
 # Steps (default all, in this order):
 #   facts     nvidia-smi
-#   ops       qflash_tests Cuda*                  (every op vs its CPU twin, row-invariance)
+#   ops       qflash_tests Cuda*:Op/*_cuda        (the op table on cuda: every op vs float64,
+#             row-invariance; CUDA-only checks)
 #   model     qflash_tests model-level *_cuda     (identity, rollback, HF/PyTorch parity on cuda;
 #             again with QFLASH_CUDA_GRAPHS=0: graphs replayed vs ops run directly)
 #   e2e       qflash_e2e_tests *cuda*             (demo pair identity + acceptance on cuda)
 #   gemv      qflash_gemv_bench --quick           (copy ceiling, GEMV GB/s for M = 1..16)
 #   bench27   qflash bench, synthetic Qwen3.8-27B + DFlash2, forced acceptance
 #   benchdemo qflash bench, demo pair, real acceptance (and 16 prompts with QFLASH_CUDA_GRAPHS=0)
-#   sanitize  compute-sanitizer memcheck on CudaOps (if time is left)
+#   sanitize  compute-sanitizer memcheck on the small ops' table cases (if time is left)
 #   bench27s  a short 27B bench (plain + DFlash2 at forced 4 of 7) for A/B under an env switch
 #   prof27    kernel profile of the 27B decode step, 8-row verify and draft pass (not default)
-#   sweep     qflash_gemv_bench --sweep: GEMV fixed cost per launch vs a streaming read (not default)
+#   sweep     qflash_gemv_bench --sweep, then qflash_lab_gemv_tc --sweep: GEMV fixed cost per launch
+#             vs a streaming read, production layouts, then the lab's schedules (not default)
+#   lab       the kernel lab, --quick: every version of the tensor-core and CUDA-core GEMV checked
+#             against the CPU and for row-invariance, then timed (not default)
+#   int4, bench27q4, bench27q4s, bench27q4l, prof27q4 (not default): int4 GEMV/op-table/identity
+#             tests on cuda, 27B int4 benches (bench27q4l: an 8k prompt through the int4 prefill)
 #   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
 #             counters for four tensor-core GEMV launches
+#   prefill   (not default) prefill GEMM and model tests on cuda (CudaGemm.*, Prefill*/cuda),
+#             qflash_gemm_bench (TFLOP/s per 27B shape), 27B prefill at 8k and 32k tokens with the
+#             decode step and verify ratios at that context
+#   prefill128 (not default) the 27B prefill at 128k tokens (needs the chunked attention/GDN ops)
+#   prefillmma (not default) the prefill tests, the GEMM bench and the 8k prefill again with
+#             QFLASH_GEMM=mma (our tensor-core kernel on the tiled weights instead of untile + cuBLASLt)
+#   gdnbench  (not default) qflash_gdn_chunk_bench: chunked-GDN kernels v2 vs v1, bits and time
+#   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
+#   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
+#   adaptive  (not default) --draft-k auto (issue 15): the controller's tests on cuda, then the 27B
+#             bench at context 64 and 8k with forced 0 and forced 4 accepted, each fixed-k run followed
+#             by the same with the depth controller (targets: forced 0: auto >= 0.97x plain; forced 4
+#             of 7: auto within 3% of k = 7, column 'vs fixed'), then the demo pair at real acceptance
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
 # the files it brings back. All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
@@ -40,9 +59,11 @@ rm -rf "$LOG" "$BIN"; mkdir -p "$LOG" "$BIN"
 tar -C "$BIN" --strip-components=1 -xJf "$BUNDLE" || { echo "cannot unpack $BUNDLE"; exit 2; }
 cd "$ROOT"
 
-# The test binaries find fixtures under the source path compiled into them (/work/main).
-if [[ ! -e /work/main && "$ROOT" != /work/main ]]; then
-  mkdir -p /work && ln -s "$ROOT" /work/main && echo "linked /work/main -> $ROOT"
+# The test binaries find fixtures under the source path compiled into them (the build machine's
+# checkout, recorded by pack.sh): point that path at this copy.
+SRC_LINK=$(cat "$BIN/SOURCE_DIR" 2>/dev/null)
+if [[ -n "$SRC_LINK" && ! -e "$SRC_LINK" && "$SRC_LINK" != "$ROOT" ]]; then
+  mkdir -p "$(dirname "$SRC_LINK")" && ln -s "$ROOT" "$SRC_LINK" && echo "linked $SRC_LINK -> $ROOT"
 fi
 
 NAMES=(); STATUS=(); SECS=(); DETAIL=()
@@ -80,11 +101,11 @@ if want facts; then
   NAMES+=(facts); STATUS+=(OK); SECS+=(0)
   DETAIL+=("$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)")
 fi
-want ops   && step ops 150 gtest "$BIN/qflash_tests" --gtest_filter='Cuda*' --gtest_color=no
-want model && step model 150 gtest "$BIN/qflash_tests" --gtest_filter='*_cuda:*Rollback.*/1' --gtest_color=no
+want ops   && step ops 150 gtest "$BIN/qflash_tests" --gtest_filter='Cuda*:Op/*_cuda' --gtest_color=no
+want model && step model 150 gtest "$BIN/qflash_tests" --gtest_filter='*_cuda:*/cuda-Op/*' --gtest_color=no
 want model && QFLASH_CUDA_GRAPHS=0 step model_nograph 120 gtest "$BIN/qflash_tests" \
-  --gtest_filter='Pairs/SpecIdentity*_cuda:*Rollback.*/1:CudaModel*' --gtest_color=no
-want e2e   && step e2e 150 gtest "$BIN/qflash_e2e_tests" --gtest_filter='*cuda*:*/1' --gtest_color=no
+  --gtest_filter='Pairs/SpecIdentity*_cuda:*Rollback.*/cuda:CudaModel*' --gtest_color=no
+want e2e   && step e2e 150 gtest "$BIN/qflash_e2e_tests" --gtest_filter='*cuda*' --gtest_color=no
 want gemv  && step gemv 90 plain "$BIN/qflash_gemv_bench" --quick
 want bench27 && step bench27 200 plain "$BIN/qflash" bench --device cuda \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
@@ -103,6 +124,31 @@ want bench27s && step bench27s 120 plain "$BIN/qflash" bench --device cuda \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
   --force-accept 4 --gen 32 --reps 5 --no-mtp --json "$LOG/bench_27b_short.json"
+# int4 (not in the default list): the int4 tensor-core GEMV and int4 identity on cuda, then the
+# 27B with int4 weights (quantized on the device) + int4 DFlash2 drafter at 8k context, which
+# reports the peak device memory; bench27q4s is the short A/B form (QFLASH_TC_Q4_PIECES=3, ...).
+want int4 && step int4 200 gtest "$BIN/qflash_tests" \
+  --gtest_filter='CudaGemvQ4.*:*Int4LoadIdentity*/cuda:Op/*int4*_cuda' --gtest_color=no
+want bench27q4 && step bench27q4 200 plain "$BIN/qflash" bench --device cuda --weights int4 \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --force-accept 0,4,7 --gen 64 --reps 10 --no-mtp --max-context 8192 --json "$LOG/bench_27b_q4.json"
+want bench27q4s && step bench27q4s 120 plain "$BIN/qflash" bench --device cuda --weights int4 \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --force-accept 4 --gen 32 --reps 5 --no-mtp --json "$LOG/bench_27b_q4_short.json"
+# The 24 GB case end to end: an 8k prompt through the int4 prefill (gemm_tc_q4, chunks of 1024
+# rows so the prefill buffers stay ~0.6 GB), then plain and DFlash2 at forced 4 of 7; the peak
+# memory it prints includes the prefill buffers and the GEMM's scratch.
+want bench27q4l && step bench27q4l 240 plain "$BIN/qflash" bench --device cuda --weights int4 \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --prompt-len 8000 --max-context 8192 --prefill-chunk 1024 \
+  --force-accept 4 --gen 32 --reps 3 --no-mtp --json "$LOG/bench_27b_q4_8k.json"
+want prof27q4 && step prof27q4 150 plain "$BIN/qflash" bench --device cuda --weights int4 \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --reps 10 --no-mtp --ops-only --profile --json "$LOG/prof_27b_q4.json"
 # Where a step's GPU time goes: every kernel of a decode step, an 8-row verify and a draft pass
 # timed on its own (27B synthetic, graphs off for the profile), and the GEMV's fixed cost per
 # launch against a plain streaming read over a range of sizes.
@@ -111,6 +157,9 @@ want prof27 && step prof27 150 plain "$BIN/qflash" bench --device cuda \
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
   --reps 10 --no-mtp --ops-only --profile --json "$LOG/prof_27b.json"
 want sweep && step sweep 90 plain "$BIN/qflash_gemv_bench" --sweep
+want sweep && step sweep_lab 90 plain "$BIN/qflash_lab_gemv_tc" --sweep
+want lab   && step lab_tc 150 plain "$BIN/qflash_lab_gemv_tc" --quick
+want lab   && step lab_fma 120 plain "$BIN/qflash_lab_gemv_fma" --quick
 # Hardware counters for the tensor-core GEMV (one launch per shape class), for the next tuning round
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if want ncu && [[ -n "$NCU" ]]; then
@@ -118,9 +167,59 @@ if want ncu && [[ -n "$NCU" ]]; then
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy \
     --section LaunchStats --section SchedulerStats "$BIN/qflash_gemv_bench" --quick --reps 3
 fi
+# Prefill (issue 12): GEMM vs its CPU twin and row-invariance on the 27B shapes, split invariance,
+# long-prompt identity and prefill-vs-decode logits on cuda; the GEMM alone; the 27B prefill.
+want prefill && step prefill_tests 240 gtest "$BIN/qflash_tests" \
+  --gtest_filter='CudaGemm.*:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda' --gtest_color=no
+want prefill && QFLASH_GEMM_LOG=1 step gemm27 120 plain "$BIN/qflash_gemm_bench"
+want prefill && QFLASH_GEMM_LOG=1 step prefill8k 150 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 5 --json "$LOG/prefill_8k.json"
+want prefill && step prefill32k 180 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --prompt-len 32768 --max-context 33024 --ops-only --no-mtp --reps 3 --json "$LOG/prefill_32k.json"
+want prefill128 && step prefill128k 300 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --prompt-len 131072 --max-context 131328 --ops-only --no-mtp --reps 1 --json "$LOG/prefill_128k.json"
+want prefillmma && QFLASH_GEMM=mma step prefill_tests_mma 240 gtest "$BIN/qflash_tests" \
+  --gtest_filter='CudaGemm.*:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda' --gtest_color=no
+want prefillmma && QFLASH_GEMM=mma step gemm27mma 120 plain "$BIN/qflash_gemm_bench"
+want prefillmma && QFLASH_GEMM=mma step prefill8kmma 150 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 5 --json "$LOG/prefill_8k_mma.json"
+# Adaptive draft depth (issue 15): identity and switching under the controller on cuda, then the
+# bench runs the targets are stated for.
+want adaptive && step adaptive_tests 150 gtest "$BIN/qflash_tests" \
+  --gtest_filter='*AdaptiveDepth*/cuda:Pairs/SpecIdentity*_cuda' --gtest_color=no
+want adaptive && step adaptive64 150 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --force-accept 0,4 --adaptive --gen 256 --reps 5 --json "$LOG/adaptive_64.json"
+want adaptive && step adaptive8k 200 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --prompt-len 8192 --max-context 8704 --force-accept 0,4 --adaptive --gen 256 --reps 5 \
+  --json "$LOG/adaptive_8k.json"
+want adaptive && step adaptivedemo 120 plain "$BIN/qflash" bench --device cuda \
+  --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
+  --json "$LOG/adaptive_demo.json"
+# Prefill kernels and long prompts (issue 12): the chunked-GDN kernels v2 against v1 (bit
+# identity and time on the 27B shapes), HF parity of the prefill on 2,100-token prompts.
+want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_chunk_bench" --m 4096,8192,32768
+want parity && step parity 150 gtest "$BIN/qflash_tests" \
+  --gtest_filter='Fixtures/LongPromptParity.*cuda*' --gtest_color=no
+# Prefix reuse (issue 13): snapshot/restore identity on cuda, then the time to first token of a
+# second turn on a 16k-token conversation, resumed from the cache vs prefilled cold.
+want prefix && step prefix_tests 150 gtest "$BIN/qflash_tests" \
+  --gtest_filter='*PrefixCache*' --gtest_color=no
+want prefix && step prefix16k 200 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+  --no-mtp --prompt-len 16000 --gen 64 --prefix-turn2 200 --max-context 16640 --json "$LOG/prefix_16k.json"
 if want sanitize && command -v compute-sanitizer >/dev/null; then
   step sanitize 90 gtest compute-sanitizer --tool memcheck --error-exitcode 3 "$BIN/qflash_tests" \
-    --gtest_filter='CudaOps*:CudaGdn*:CudaAttention*:CudaMatmul.TcSchedules*' --gtest_color=no
+    --gtest_filter='Op/Embed.*_cuda:Op/Rmsnorm*_cuda:Op/Elementwise.*_cuda:Op/DataMovement.*_cuda:Op/Rope.*_cuda:Op/DynConv.*_cuda:Op/GdnRows.*_cuda:Op/Attention.*_cuda:CudaMatmul.TcSchedules*' --gtest_color=no
 fi
 
 {
@@ -137,9 +236,14 @@ cp "$LOG/summary.txt" "$OUTDIR/summary$SFX.txt"
 for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/$(basename "$j" .json)$SFX.json"; done
 tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
-for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/benchdemo.log "$LOG"/gemv.log "$LOG"/sweep.log; do
+for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/bench27q4s.log "$LOG"/bench27q4l.log \
+         "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/gemv.log "$LOG"/sweep.log \
+         "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
+         "$LOG"/prefill32k.log "$LOG"/prefill128k.log "$LOG"/gemm27mma.log "$LOG"/prefill8kmma.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done
-[[ -f "$LOG/prof27.log" ]] && { echo "---- prof27.log (head of each table)"; grep -A14 -E '^(---- kernel|decode step)' "$LOG/prof27.log" | cut -c1-150; }
+for f in "$LOG"/prof27.log "$LOG"/prof27q4.log; do
+  [[ -f "$f" ]] && { echo "---- $(basename "$f") (head of each table)"; grep -A14 -E '^(---- kernel|decode step)' "$f" | cut -c1-150; }
+done
 echo
 cat "$LOG/summary.txt"

@@ -4,7 +4,7 @@ Writes tests/fixtures/target/demo_greedy.json: for a few validation prompts, 48 
 (argmax, lowest id on ties) computed with transformers' own Qwen3_5ForCausalLM, uncached (a full
 forward per step), so the C++ engine's output on the real trained weights can be compared.
 
-    /work/venv/bin/python tools/reference/demo_greedy_fixture.py
+    python3 tools/reference/demo_greedy_fixture.py
 """
 import json
 from pathlib import Path

@@ -5,9 +5,10 @@ their relative path; this script applies it to the local python3's standard libr
 every validation file with the Hugging Face `tokenizers` library and models/demo/tokenizer.json,
 and writes text + ids to tests/fixtures/tokenizer/demo_validation.json for the C++ parity test.
 
-    /work/venv/bin/python tools/reference/demo_tokenizer_fixture.py
+    python3 tools/reference/demo_tokenizer_fixture.py
 """
 import json
+import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -36,7 +37,7 @@ def main():
         files.append({"path": rel, "text": text, "ids": tok.encode(text).ids})
         total += len(text)
     out = ROOT / "tests" / "fixtures" / "tokenizer" / "demo_validation.json"
-    payload = {"python": sys.version.split()[0], "stdlib": str(stdlib), "files": files}
+    payload = {"python": sys.version.split()[0], "stdlib": os.path.relpath(stdlib, sys.base_prefix), "files": files}
     out.write_text(json.dumps(payload, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"{len(files)} files, {sum(len(f['ids']) for f in files)} tokens -> {out} ({out.stat().st_size} bytes)")
 

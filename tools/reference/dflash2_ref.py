@@ -1,6 +1,6 @@
 """Independent PyTorch reference of the DFlash2 block-diffusion drafter.
 
-Written from the qflash spec (shared/spec/dflash2.md, normative for the drafter;
+Written from the qflash spec (docs/spec/dflash2.md, normative for the drafter;
 speculative.md for the round; qwen38.md sections 3 and 9 for the target it
 attaches to).  Section numbers in comments ("§2.5") refer to dflash2.md.
 

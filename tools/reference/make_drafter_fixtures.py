@@ -1,7 +1,7 @@
 """Build tiny random DFlash2 drafters + tiny random target matrices and dump the parity
 fixtures the C++ engine must match.  Also runs the reference's self-tests.
 
-    /work/venv/bin/python tools/reference/make_drafter_fixtures.py --out tests/fixtures/drafter
+    python3 tools/reference/make_drafter_fixtures.py --out tests/fixtures/drafter
 
 Writes
   <out>/micro/config.json, model.safetensors            DFlash2 drafter (bf16)

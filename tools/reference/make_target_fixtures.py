@@ -4,7 +4,7 @@
 The target model is Hugging Face transformers' own Qwen3_5ForCausalLM; the MTP head is the
 independent spec implementation in mtp_ref.py. See tools/reference/README.md.
 
-    /work/venv/bin/python tools/reference/make_target_fixtures.py --out tests/fixtures/target
+    python3 tools/reference/make_target_fixtures.py --out tests/fixtures/target
 
 Writes, per config NAME in {micro, odd}:
     <out>/NAME/config.json, generation_config.json, model.safetensors (bf16, text layout + mtp.*)

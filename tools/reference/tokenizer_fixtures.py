@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Writes the tokenizer parity fixtures in tests/fixtures/tokenizer/ from Hugging Face `tokenizers`.
 
-Run:  /work/venv/bin/python tools/reference/tokenizer_fixtures.py [--shared DIR]
+Run:  python3 tools/reference/tokenizer_fixtures.py [--qwen3 DIR]
 
-Outputs (all small; the 11 MB Qwen3 tokenizer.json itself is read from shared/ at test time):
-  qwen3_corpus.json   corpus texts with their ids under the shared Qwen3 tokenizer, three ways:
+The Qwen3 tokenizer is the repository's own copy, tests/fixtures/tokenizer/qwen3/qwen3-tokenizer.tar.xz
+(extracted into a temporary folder here; CMake extracts it into the build folder for the C++ tests).
+--qwen3 DIR reads an already extracted folder (tokenizer.json, tokenizer_config.json) instead.
+
+Outputs (all small):
+  qwen3_corpus.json   corpus texts with their ids under the Qwen3 tokenizer, three ways:
                       ids (added tokens parsed), ids_plain (added tokens as text) and
                       ids_qwen35 (the same file with the Qwen3.5-family split regex, \\p{M} in
                       letter runs), pieces_qwen35 (its pre-tokens of the NFC text); also the
@@ -16,14 +20,17 @@ Outputs (all small; the 11 MB Qwen3 tokenizer.json itself is read from shared/ a
   tiny_bpe_prefix.json  the same with add_prefix_space=true and no normalizer.
   tiny_corpus.json      corpus ids for the three tiny tokenizers, and ids under other Split
                         behaviors (pre_tokenizer JSON stored beside them, patched in by the test).
-  chat.json             ChatML renderings by transformers' apply_chat_template (shared Qwen3
-                        template) for conversations where Qwen3 and Qwen3.8 templates agree.
+  chat.json             ChatML renderings by transformers' apply_chat_template (the Qwen3
+                        template of tokenizer_config.json) for conversations where Qwen3 and
+                        Qwen3.8 templates agree.
 """
 import argparse
 import copy
 import json
 import os
 import sys
+import tarfile
+import tempfile
 import unicodedata
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -32,6 +39,8 @@ import tokenizers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "tests", "fixtures", "tokenizer")
+QWEN3_ARCHIVE = os.path.join(OUT, "qwen3", "qwen3-tokenizer.tar.xz")
+QWEN3_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 QWEN35_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
                 r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -103,8 +112,8 @@ def encode_ids(tok, text):
     return tok.encode(text, add_special_tokens=False).ids
 
 
-def qwen3_fixture(shared_dir):
-    path = os.path.join(shared_dir, "tokenizer.json")
+def qwen3_fixture(qwen3_dir):
+    path = os.path.join(qwen3_dir, "tokenizer.json")
     raw = json.load(open(path, encoding="utf-8"))
     qwen3_regex = raw["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"]
     tok = Tokenizer.from_file(path)
@@ -204,9 +213,9 @@ def split_variants(tiny_json):
     return out
 
 
-def chat_fixture(shared_dir):
+def chat_fixture(qwen3_dir):
     from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(shared_dir)
+    tok = AutoTokenizer.from_pretrained(qwen3_dir)
     if not tok.chat_template:
         return None
     sys_user = [{"role": "system", "content": "You are helpful."}, {"role": "user", "content": "Hi!"}]
@@ -229,8 +238,8 @@ def chat_fixture(shared_dir):
         out.append({"name": name, "messages": conv, "add_generation_prompt": gen,
                     "enable_thinking": think, "text": text})
     return {"generator": "tools/reference/tokenizer_fixtures.py",
-            "note": "transformers apply_chat_template with the shared Qwen3 template; only cases "
-                    "where it agrees with the Qwen3.8 grammar (spec/qwen38.md 5.2)",
+            "note": "transformers apply_chat_template with the Qwen3 template; only cases "
+                    "where it agrees with the Qwen3.8 grammar (docs/spec/qwen38.md 5.2)",
             "cases": out}
 
 
@@ -244,17 +253,24 @@ def write(name, obj):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shared", default=os.path.join(ROOT, "..", "shared", "data", "qwen3-tokenizer"))
+    ap.add_argument("--qwen3", default=None,
+                    help="extracted Qwen3 tokenizer folder (default: extract the repository's archive)")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
-    write("qwen3_corpus.json", qwen3_fixture(args.shared))
-    variants, tiny = tiny_fixtures()
-    for k, v in variants.items():
-        write(f"tiny_bpe_{k}.json", v)
-    write("tiny_corpus.json", tiny)
-    chat = chat_fixture(args.shared)
-    if chat is not None:
-        write("chat.json", chat)
+    with tempfile.TemporaryDirectory() as tmp:
+        qwen3_dir = args.qwen3
+        if qwen3_dir is None:
+            with tarfile.open(QWEN3_ARCHIVE, "r:xz") as tar:
+                tar.extractall(tmp, members=[tar.getmember(n) for n in QWEN3_FILES])
+            qwen3_dir = tmp
+        write("qwen3_corpus.json", qwen3_fixture(qwen3_dir))
+        variants, tiny = tiny_fixtures()
+        for k, v in variants.items():
+            write(f"tiny_bpe_{k}.json", v)
+        write("tiny_corpus.json", tiny)
+        chat = chat_fixture(qwen3_dir)
+        if chat is not None:
+            write("chat.json", chat)
     return 0
 
 

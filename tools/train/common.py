@@ -44,16 +44,30 @@ QWEN35_SPLIT_REGEX = (
 SHARD_LIMIT_BYTES = 16 * 1024 * 1024  # 16 MiB per safetensors file
 
 
-def target_config_dict() -> dict:
-    """Tiny qwen3_5 text config (qwen38.md section 9)."""
-    n_layers = 8
+# Target shapes (`--target-shape`). `tiny` is qwen38.md section 9 (the first demo pair, 11.6 M
+# parameters). `small` is issue 16's larger target: about 2.2x the parameters, sized so that the
+# int4 target (group 64) + bf16 MTP head + bf16 drafter stay under 32 MB; `nano` is a CPU dry-run
+# shape only. Every shape keeps head_dim 64, full attention at every 4th layer and vocab 8192.
+TARGET_SHAPES = {
+    "tiny": dict(hidden=256, layers=8, inter=768, heads=4, kv=2, gdn_k=2, gdn_v=6),
+    "small": dict(hidden=384, layers=12, inter=1152, heads=6, kv=2, gdn_k=3, gdn_v=6),
+    "nano": dict(hidden=128, layers=8, inter=384, heads=2, kv=1, gdn_k=1, gdn_v=2),
+}
+
+
+def target_config_dict(shape: str = "tiny") -> dict:
+    """qwen3_5 text config of one of TARGET_SHAPES."""
+    if shape not in TARGET_SHAPES:
+        raise SystemExit(f"--target-shape: expected one of {sorted(TARGET_SHAPES)}, found {shape!r}")
+    sh = TARGET_SHAPES[shape]
+    n_layers = sh["layers"]
     return dict(
         vocab_size=VOCAB_SIZE,
-        hidden_size=256,
-        intermediate_size=768,
+        hidden_size=sh["hidden"],
+        intermediate_size=sh["inter"],
         num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=sh["heads"],
+        num_key_value_heads=sh["kv"],
         head_dim=64,
         hidden_act="silu",
         max_position_embeddings=4096,
@@ -73,8 +87,8 @@ def target_config_dict() -> dict:
         linear_conv_kernel_dim=4,
         linear_key_head_dim=64,
         linear_value_head_dim=64,
-        linear_num_key_heads=2,
-        linear_num_value_heads=6,
+        linear_num_key_heads=sh["gdn_k"],
+        linear_num_value_heads=sh["gdn_v"],
         layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n_layers)],
         attn_output_gate=True,
         mtp_num_hidden_layers=1,
@@ -85,10 +99,10 @@ def target_config_dict() -> dict:
     )
 
 
-def make_target_config(dtype: str | None = None):
+def make_target_config(dtype: str | None = None, shape: str = "tiny"):
     from transformers import Qwen3_5TextConfig
 
-    d = target_config_dict()
+    d = target_config_dict(shape)
     cfg = Qwen3_5TextConfig(**d)
     # transformers' Qwen3_5TextConfig keeps unknown kwargs as attributes; make sure
     # the values the engine reads are present even if a version drops them.
@@ -298,11 +312,17 @@ def fmt_s(sec: float) -> str:
 # ---------------------------------------------------------------------------
 # Target model helpers
 # ---------------------------------------------------------------------------
-def build_target(device=None, dtype=None):
+def target_shape_of(out: Path) -> str:
+    """The shape the `target` stage trained (recorded in target/shape.json), for later stages."""
+    p = Path(out) / "target" / "shape.json"
+    return read_json(p)["shape"] if p.exists() else "tiny"
+
+
+def build_target(device=None, dtype=None, shape: str = "tiny"):
     import torch
     from transformers import Qwen3_5ForCausalLM
 
-    cfg = make_target_config()
+    cfg = make_target_config(shape=shape)
     try:
         cfg._attn_implementation = "sdpa"
     except Exception:
@@ -323,8 +343,13 @@ def load_target(out: Path, device, dtype=None):
     if dtype is None:
         # bf16 on GPU; on CPU (smoke tests) fp32 holding the same bf16-rounded values
         dtype = torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-    model = build_target()
-    sd = load_file(str(Path(out) / "target" / "model.safetensors"))
+    model = build_target(shape=target_shape_of(out))
+    q4 = Path(out) / "target" / "model_int4.safetensors"
+    if q4.exists():  # --ship-int4: the later stages see the target as it ships
+        group = read_json(Path(out) / "args.json").get("int4_group", 64)
+        sd = {k: v.float() for k, v in dequantize_state_dict(load_file(str(q4)), group).items()}
+    else:
+        sd = load_file(str(Path(out) / "target" / "model.safetensors"))
     missing, unexpected = model.load_state_dict(sd, strict=False)
     # rotary inv_freq buffers are not persistent; anything else missing is a bug
     if unexpected or [m for m in missing if "inv_freq" not in m]:
@@ -376,3 +401,87 @@ class TapRecorder:
         for h in self.handles:
             h.remove()
         self.handles = []
+
+
+# ---------------------------------------------------------------------------
+# int4 (mlx layout, the one `qflash quantize` writes and qflash loads): per group of `group`
+# columns scale = bf16((max - min) / 15), bias = bf16(min), q = clamp(round_half_up((w - bias) /
+# scale), 0, 15), 8 nibbles per uint32 with column j at bits 4j. Applied, like qflash's own
+# quantizer, to every 2-D `.weight` without "norm" in its name whose columns divide by the group.
+# ---------------------------------------------------------------------------
+def int4_eligible(name: str, t, group: int) -> bool:
+    return t.dim() == 2 and name.endswith(".weight") and "norm" not in name and t.shape[1] % group == 0
+
+
+def int4_quantize(w, group: int = 64):
+    """w [rows, cols] -> (q uint32-as-int32 [rows, cols/8], scales bf16, biases bf16)."""
+    import torch
+
+    rows, cols = w.shape
+    x = w.detach().float().cpu().reshape(rows, cols // group, group)
+    lo, hi = x.amin(-1), x.amax(-1)
+    s16, b16 = ((hi - lo) / 15.0).to(torch.bfloat16), lo.to(torch.bfloat16)
+    s, b = s16.float()[..., None], b16.float()[..., None]
+    v = torch.where(s > 0, torch.floor((x - b) / s + 0.5), torch.zeros_like(x)).clamp(0, 15).to(torch.int64)
+    v = v.reshape(rows, cols // 8, 8)
+    q = torch.zeros(rows, cols // 8, dtype=torch.int64)
+    for j in range(8):
+        q |= v[..., j] << (4 * j)
+    q = torch.where(q >= 2**31, q - 2**32, q).to(torch.int32)  # same bits as uint32
+    return q, s16, b16
+
+
+def int4_dequantize(q, scales, biases, group: int = 64):
+    import torch
+
+    rows = q.shape[0]
+    qq = q.to(torch.int64) & 0xFFFFFFFF
+    v = torch.stack([(qq >> (4 * j)) & 0xF for j in range(8)], dim=-1).reshape(rows, -1, group).float()
+    return (v * scales.float()[..., None] + biases.float()[..., None]).reshape(rows, -1)
+
+
+def int4_state_dict(sd: dict, group: int = 64) -> dict:
+    """Tensors as qflash stores an int4 checkpoint (safetensors has no uint32 in torch: the
+    words are written as int32 and retagged U32 by `retag_u32`)."""
+    out = {}
+    for k, v in sd.items():
+        if int4_eligible(k, v, group):
+            q, s, b = int4_quantize(v, group)
+            base = k[: -len(".weight")]
+            out[k], out[base + ".scales"], out[base + ".biases"] = q, s, b
+        else:
+            out[k] = v
+    return out
+
+
+def dequantize_state_dict(sd: dict, group: int = 64) -> dict:
+    import torch
+
+    out = {}
+    for k, v in sd.items():
+        if k.endswith((".scales", ".biases")):
+            continue
+        base = k[: -len(".weight")] if k.endswith(".weight") else None
+        if base and base + ".scales" in sd:
+            out[k] = int4_dequantize(v, sd[base + ".scales"], sd[base + ".biases"], group).to(torch.bfloat16)
+        else:
+            out[k] = v
+    return out
+
+
+def retag_u32(path: Path, names) -> None:
+    """Rewrite the dtype of `names` in a safetensors header from I32 to U32 (same bytes)."""
+    import struct
+
+    path = Path(path)
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    hdr = json.loads(raw[8 : 8 + n])
+    for k in names:
+        if k in hdr:
+            assert hdr[k]["dtype"] in ("I32", "U32"), (k, hdr[k]["dtype"])
+            hdr[k]["dtype"] = "U32"
+    new = json.dumps(hdr, separators=(",", ":")).encode()
+    new += b" " * (n - len(new))  # same length: "U32" and "I32" are the same size
+    assert len(new) == n
+    path.write_bytes(raw[:8] + new + raw[8 + n :])

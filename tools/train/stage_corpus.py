@@ -115,7 +115,43 @@ def tokenizer_config() -> dict:
     }
 
 
+def run_prebuilt(args, log):
+    """--corpus-dir: take the packed streams, validation texts and tokenizer of pypi_corpus.py."""
+    import shutil
+
+    src, out = Path(args.corpus_dir), Path(args.out)
+    need = ["corpus/tokens_train.npy", "corpus/tokens_val.npy", "corpus/validation_texts.json",
+            "corpus/manifest.json", "tokenizer/tokenizer.json", "tokenizer/tokenizer_config.json"]
+    missing = [n for n in need if not (src / n).exists()]
+    if missing:
+        raise SystemExit(f"--corpus-dir {src}: missing {missing} (build it with tools/train/pypi_corpus.py)")
+    for sub in ("corpus", "tokenizer"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    for n in need + ["corpus/validation_files.json"]:
+        if (src / n).exists():
+            shutil.copy(src / n, out / n)
+    counts = {}
+    for sp in ("train", "val"):
+        arr = np.load(out / "corpus" / f"tokens_{sp}.npy", mmap_mode="r")
+        if arr.dtype != np.uint16 or (arr.size and int(arr.max()) >= C.VOCAB_SIZE):
+            raise SystemExit(f"corpus/tokens_{sp}.npy: expected uint16 ids < {C.VOCAB_SIZE}, found {arr.dtype} "
+                             f"max {int(arr.max()) if arr.size else None}")
+        counts[sp] = int(arr.size)
+    if args.smoke:  # a CPU run: the first slice of each stream
+        for sp, n in (("train", 200_000), ("val", 20_000)):
+            arr = np.load(out / "corpus" / f"tokens_{sp}.npy")[:n]
+            np.save(out / "corpus" / f"tokens_{sp}.npy", arr)
+            counts[sp] = int(arr.size)
+    man = C.read_json(src / "corpus" / "manifest.json")
+    log(f"corpus: prebuilt {src}: {man['n_projects']['train']} train / {man['n_projects']['val']} validation projects, "
+        f"tokens used train {counts['train']:,} val {counts['val']:,}")
+    return {"prebuilt": str(src), "tokens": counts, "files": man.get("files"), "bytes": man.get("bytes"),
+            "python_version": platform.python_version()}
+
+
 def run(args, log):
+    if getattr(args, "corpus_dir", None):
+        return run_prebuilt(args, log)
     out = Path(args.out)
     t0 = time.time()
     root = Path(sysconfig.get_paths()["stdlib"]).resolve()

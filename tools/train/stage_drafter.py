@@ -41,17 +41,25 @@ from stage_target import lr_at, param_groups
 def drafter_config(R, args):
     import transformers
 
-    taps = [int(x) for x in str(args.drafter_taps).split(",")]
+    # the drafter reads the target's embedding and lm_head: its width is the target's
+    tcfg = C.target_config_dict(C.target_shape_of(Path(args.out)))
+    n_target = tcfg["num_hidden_layers"]
+    if args.drafter_taps == "auto":
+        taps = list(R.build_target_layer_ids(n_target, 3))
+    else:
+        taps = [int(x) for x in str(args.drafter_taps).split(",")]
+    if max(taps) >= n_target:
+        raise SystemExit(f"--drafter-taps {taps}: the target has {n_target} layers")
     n_layers = 2
     return R.DFlash2Config(
-        hidden_size=256,
-        intermediate_size=768,
+        hidden_size=tcfg["hidden_size"],
+        intermediate_size=tcfg["intermediate_size"],
         num_hidden_layers=n_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=tcfg["num_attention_heads"],
+        num_key_value_heads=tcfg["num_key_value_heads"],
         head_dim=64,
         vocab_size=C.VOCAB_SIZE,
-        num_target_layers=8,
+        num_target_layers=n_target,
         dflash_config=dict(
             block_size=8,
             mask_token_id=C.MASK_ID,

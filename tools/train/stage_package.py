@@ -15,6 +15,7 @@ the tokenizer, MTPHead.load_mtp_tensors, dflash2_ref.load) and checked.
 from __future__ import annotations
 
 import json
+import platform
 import shutil
 import tempfile
 import time
@@ -61,10 +62,18 @@ def prompt_at(text: str, start: int) -> str:
     return "\n".join(picked) + "\n"
 
 
-def validation_prompts(val_texts: dict, n=N_PROMPTS):
+def validation_prompts(val_texts: dict, n=N_PROMPTS, by_project=False):
     """Round-robin over validation files in sorted path order: pass 0 takes each file's head,
-    pass k >= 1 each file's k-th def/class start, until n prompts (distinct texts)."""
+    pass k >= 1 each file's k-th def/class start, until n prompts (distinct texts).
+    by_project (keys "project/path", the PyPI corpus): the file order alternates between
+    projects, so the first prompts do not all come from the alphabetically first project."""
     files = sorted(val_texts)
+    if by_project:
+        groups: dict[str, list[str]] = {}
+        for f in files:
+            groups.setdefault(f.split("/", 1)[0], []).append(f)
+        depth = max(len(g) for g in groups.values())
+        files = [g[i] for i in range(depth) for g in groups.values() if i < len(g)]
     starts = {f: prompt_starts(val_texts[f]) for f in files}
     prompts, seen = [], set()
     k = 0
@@ -97,8 +106,9 @@ def run(args, log):
     R = C.import_reference("dflash2_ref")
 
     # ---- target: transformers' own config/generation_config; weights sharded by us ----
-    model = C.build_target()
-    sd = load_file(str(out / "target" / "model.safetensors"))
+    model = C.build_target(shape=C.target_shape_of(out))
+    sd = {k: v.to(torch.bfloat16) for k, v in C.load_target(out, "cpu", dtype=torch.float32).state_dict().items()
+          if "inv_freq" not in k}
     missing, unexpected = model.load_state_dict(sd, strict=False)
     assert not unexpected and all("inv_freq" in m for m in missing), (missing, unexpected)
     model = model.to(torch.bfloat16)
@@ -138,7 +148,8 @@ def run(args, log):
 
     tok = Tokenizer.from_file(str(demo / "tokenizer.json"))
     val_texts = C.read_json(out / "corpus" / "validation_texts.json")
-    prompts = validation_prompts(val_texts)
+    by_project = "projects" in C.read_json(out / "corpus" / "manifest.json")
+    prompts = validation_prompts(val_texts, by_project=by_project)
     with open(demo / "validation_prompts.jsonl", "w", encoding="utf-8") as f:
         for i, p in enumerate(prompts):
             ids = tok.encode(p["text"], add_special_tokens=False).ids
@@ -157,6 +168,8 @@ def run(args, log):
     shutil.copy(out / "train_log.txt", demo / "TRAIN_LOG.txt")
     for p in demo.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)  # safetensors writes 0600 files
+    if args.ship_int4:
+        ship_int4(demo, args, log)
     sizes = {str(p.relative_to(demo)): p.stat().st_size for p in sorted(demo.rglob("*")) if p.is_file()}
     weights = sum(v for k, v in sizes.items() if k.endswith(".safetensors"))
     assert all(v <= C.SHARD_LIMIT_BYTES for k, v in sizes.items() if k.endswith(".safetensors")), sizes
@@ -165,6 +178,39 @@ def run(args, log):
     for k, v in sizes.items():
         log(f"    {k:45s} {v:>10,d}")
     return {"files": sizes, "weights_bytes": weights, "checks": checks, "prompts": len(prompts)}
+
+
+def ship_int4(demo: Path, args, log):
+    """Rewrite the target + MTP shards in int4 (mlx layout, as `qflash quantize` writes them) and
+    mark config.json; the drafter stays bf16. Runs after the bf16 load-back checks."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    tensors = {}
+    shards = sorted(demo.glob("model*.safetensors"))
+    for f in shards:
+        tensors.update(load_file(str(f)))
+    for f in shards:
+        f.unlink()
+    (demo / "model.safetensors.index.json").unlink(missing_ok=True)
+    # the target's int4 tensors exactly as the target stage wrote them (re-quantizing the dequantized
+    # values need not give the same codes); the MTP head is quantized here
+    q = load_file(str(Path(args.out) / "target" / "model_int4.safetensors"))
+    mtp = C.int4_state_dict({k: v for k, v in tensors.items() if k.startswith("mtp.")}, args.int4_group)
+    assert set(C.dequantize_state_dict(q)) | {k for k in tensors if k.startswith("mtp.")} == set(tensors)
+    q.update(mtp)
+    names = C.save_sharded(q, demo, "model")
+    u32 = [k for k in q if q[k].dtype in (torch.int32, torch.uint32)]
+    for n in names:
+        C.retag_u32(demo / n, u32)
+    cfg = C.read_json(demo / "config.json")
+    cfg["quantization"] = {"group_size": args.int4_group, "bits": 4, "mode": "affine"}
+    C.write_json(demo / "config.json", cfg)
+    # the dequantized shards are the weights MTP, gen and drafter were trained against
+    back = C.dequantize_state_dict({k: v for n in names for k, v in load_file(str(demo / n)).items()}, args.int4_group)
+    ref = C.load_target(Path(args.out), "cpu", dtype=torch.float32).state_dict()
+    assert all(torch.equal(back[k].float(), ref[k]) for k in ref if "inv_freq" not in k), "int4 round trip differs"
+    log(f"package: int4 (group {args.int4_group}): {len(u32)} matrices quantized -> {names}")
 
 
 def verify(demo: Path, out: Path, args, log) -> dict:
@@ -252,10 +298,38 @@ def write_card(demo: Path, out: Path, args, prompts, checks):
         f"| `{p.relative_to(demo)}` | {p.stat().st_size:,} | `{C.file_sha256(p)[:16]}…` |" for p in files)
     smoke_note = ("\n> **SMOKE RUN** (`--smoke`): tiny step counts on a corpus subset; these numbers mean "
                   "nothing. Retrain without `--smoke` for the real demo.\n" if args.smoke else "")
-    card = f"""# qflash demo models: tiny Qwen3.5-architecture target + MTP head + DFlash2 drafter
+    tc = C.read_json(out / "target" / "shape.json")["config"] if (out / "target" / "shape.json").exists() \
+        else C.target_config_dict("tiny")
+    full = [i for i, t in enumerate(tc["layer_types"]) if t == "full_attention"]
+    shape_text = (f"hidden {tc['hidden_size']},\n{tc['num_hidden_layers']} layers (full attention at "
+                  f"{', '.join(map(str, full))}, Gated DeltaNet elsewhere), attention heads {tc['num_attention_heads']} / "
+                  f"KV {tc['num_key_value_heads']} / head_dim 64,\npartial rotary 0.25, GDN key heads "
+                  f"{tc['linear_num_key_heads']} / value heads {tc['linear_num_value_heads']} / dims 64, intermediate "
+                  f"{tc['intermediate_size']}, vocab 8192")
+    stored = (f"stored int4 (mlx layout, group {args.int4_group}; MTP head too), validation perplexity of the "
+              f"int4 weights {tm.get('val_ppl_int4')}" if args.ship_int4 else "stored bf16")
+    if "projects" in man:  # tools/train/pypi_corpus.py
+        source = (f"the Python files of {man['n_projects']['kept']} permissively licensed pure-Python PyPI projects "
+                  f"(`tools/train/pypi_corpus_manifest.json`)")
+        data_section = (f"- Corpus: `tools/train/pypi_corpus.py` (docs/experiments/demo_data.md): licenses "
+                        f"{man['licenses']}; filtered and deduplicated (exact and normalised-text hashes).\n"
+                        f"- Split by project: `{man['split_rule']}`; {man['n_projects']['train']} train projects / "
+                        f"{man['files']['train']} files / {man['tokens']['train']:,} tokens; "
+                        f"{man['n_projects']['val']} held-out projects / {man['files']['val']} files / "
+                        f"{man['tokens']['val']:,} tokens.")
+    else:
+        source = f"the Python source of the standard library of **Python {man['python_version']}** (`{man['stdlib']}`)"
+        data_section = f"""- Corpus: every `*.py` under the stdlib directory above, excluding any directory named
+  `site-packages`, `dist-packages` or `__pycache__` (nothing from site-packages is used, it is kept
+  for evaluation); files that are not UTF-8 are skipped ({man['n_files_not_utf8']} of {man['n_files_found']}).
+  Sorted relative paths, each file followed by `<|endoftext|>`.
+- Split: `{man['split_rule']}` (relative POSIX path).
+  Train {man['n_files']['train']} files / {man['bytes']['train']:,} bytes / {man['tokens']['train']:,} tokens;
+  validation {man['n_files']['val']} files / {man['bytes']['val']:,} bytes / {man['tokens']['val']:,} tokens."""
+    card = f"""# qflash demo models: small Qwen3.5-architecture target + MTP head + DFlash2 drafter
 {smoke_note}
-Trained from scratch by `tools/train/train_all.py` (see `docs/experiments/demo_training.md`) on the
-Python source of the standard library of **Python {man['python_version']}** (`{man['stdlib']}`).
+Trained from scratch by `tools/train/train_all.py` (see `docs/experiments/demo_training.md`) on
+{source}.
 They exist to exercise qflash end to end (tokenizer, hybrid GDN/attention target, MTP and
 DFlash2 speculative decoding) on real, non-random weights. They write Python-looking code and
 nothing else; there is no chat or instruction tuning (the chat special tokens exist but were never
@@ -263,13 +337,7 @@ trained).
 
 ## Data
 
-- Corpus: every `*.py` under the stdlib directory above, excluding any directory named
-  `site-packages`, `dist-packages` or `__pycache__` (nothing from site-packages is used, it is kept
-  for evaluation); files that are not UTF-8 are skipped ({man['n_files_not_utf8']} of {man['n_files_found']}).
-  Sorted relative paths, each file followed by `<|endoftext|>`.
-- Split: `{man['split_rule']}` (relative POSIX path).
-  Train {man['n_files']['train']} files / {man['bytes']['train']:,} bytes / {man['tokens']['train']:,} tokens;
-  validation {man['n_files']['val']} files / {man['bytes']['val']:,} bytes / {man['tokens']['val']:,} tokens.
+{data_section}
 - `validation_prompts.jsonl`: {len(prompts)} prompts (`text`, token `ids` without BOS, source `file`,
   1-based `line`): round-robin over the validation files in sorted order; pass 0 takes each file's first
   non-empty lines, later passes the k-th `def`/`class` line of each file; up to 3 consecutive non-empty
@@ -286,10 +354,8 @@ No BOS is ever added; eos = `<|endoftext|>` (generation stops on {C.EOT_ID} and 
 
 ## Target (`config.json`, `model-*.safetensors`)
 
-`Qwen3_5ForCausalLM` (transformers {transformers.__version__}), shape of qwen38.md section 9: hidden 256,
-8 layers (full attention at 3 and 7, Gated DeltaNet elsewhere), attention heads 4 / KV 2 / head_dim 64,
-partial rotary 0.25, GDN key heads 2 / value heads 6 / dims 64, intermediate 768, vocab 8192,
-rope theta 1e7, untied; {tm['params']:,} parameters, stored bf16.
+`Qwen3_5ForCausalLM` (transformers {transformers.__version__}), shape `{tm.get('shape', 'tiny')}`: {shape_text},
+rope theta 1e7, untied; {tm['params']:,} parameters, {stored}.
 
 | | |
 |---|---|
@@ -316,7 +382,7 @@ at position j predicts t_(j+2) (cross-entropy, teacher forced, single step).
 ## DFlash2 drafter (`drafter/`)
 
 `tools/reference/dflash2_ref.py`, published schema (`DFlash2DraftModel`, `model_type` qwen3, bare codebooks, bf16):
-{dcfg['num_hidden_layers']} layers, hidden 256, heads 4/2/64, intermediate 768, `target_layer_ids`
+{dcfg['num_hidden_layers']} layers, hidden {dcfg['hidden_size']}, heads {dcfg['num_attention_heads']}/{dcfg['num_key_value_heads']}/64, intermediate {dcfg['intermediate_size']}, `target_layer_ids`
 {dcfg['dflash_config']['target_layer_ids']}, block 8, mask {dcfg['dflash_config']['mask_token_id']}, conv Kc
 {dcfg['dflash_config']['conv_kernel_size']} group {dcfg['dflash_config']['conv_group_size']}, selector rank
 {dcfg['dflash_config']['selector_rank']} top-K {dcfg['dflash_config']['selector_top_k']}, sliding window
@@ -356,7 +422,7 @@ bash tools/train/train_all.sh OUT --stage part2   # gen, drafter, package -> OUT
 ```
 (on the GPU machine through `tools/train/remote.sh`, see `docs/experiments/demo_training.md`).
 
-seed {runargs['seed']}; Python {man['python_version']}, torch {torch.__version__}, transformers {transformers.__version__};
+seed {runargs['seed']}; Python {man.get('python_version', platform.python_version())}, torch {torch.__version__}, transformers {transformers.__version__};
 stage wall times (s): {json.dumps({k: round(v, 1) for k, v in stages.items() if v is not None})}.
 GPU kernels are not bit-deterministic, so a rerun gives close but not identical weights.
 The corpus depends on the Python version whose stdlib is read.

@@ -77,7 +77,10 @@ def run(args, log):
     train = C.load_tokens(out, "train")
     val = C.load_tokens(out, "val")
 
-    model = C.build_target(device=device)
+    model = C.build_target(device=device, shape=args.target_shape)
+    tdir = out / "target"
+    tdir.mkdir(parents=True, exist_ok=True)
+    C.write_json(tdir / "shape.json", {"shape": args.target_shape, "config": C.target_config_dict(args.target_shape)})
     n_params = sum(p.numel() for p in model.parameters())
     log(f"target: Qwen3_5ForCausalLM {n_params:,} params on {device}; seq {args.target_seq} batch {args.target_batch} "
         f"({args.target_seq * args.target_batch:,} tokens/step) steps {args.target_steps} lr {args.target_lr}")
@@ -97,7 +100,28 @@ def run(args, log):
     best = (0, float("inf"), None)
     stopped_early = False
     tokens_seen = 0
-    for step in range(args.target_steps):
+    start, ckpt_path = 0, tdir / "ckpt.pt"
+    if ckpt_path.exists():  # resume a run cut at its guard (same arguments)
+        ck = torch.load(ckpt_path, map_location="cpu", weights_only=False)
+        if ck["steps_planned"] != args.target_steps or ck["shape"] != args.target_shape:
+            raise SystemExit(f"{ckpt_path}: written for {ck['steps_planned']} steps / shape {ck['shape']}, "
+                             f"this run asks for {args.target_steps} / {args.target_shape}; remove it to start over")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        gen.bit_generator.state = ck["rng"]
+        start, curve, tokens_seen = ck["step"], ck["curve"], ck["tokens_seen"]
+        best = (ck["best_step"], ck["best_ppl"], ck["best_model"])
+        log(f"target: resumed from {ckpt_path} at step {start} (best ppl {best[1]:.3f} at step {best[0]})")
+
+    def save_ckpt(next_step):
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "rng": gen.bit_generator.state,
+                    "step": next_step, "curve": curve, "tokens_seen": tokens_seen, "best_step": best[0],
+                    "best_ppl": best[1], "best_model": best[2], "steps_planned": args.target_steps,
+                    "shape": args.target_shape}, tmp)
+        tmp.replace(ckpt_path)
+
+    for step in range(start, args.target_steps):
         lr = lr_at(step, args.target_steps, args.target_lr, args.target_warmup)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -123,10 +147,12 @@ def run(args, log):
             if ppl < best[1]:
                 best = (step + 1, ppl, {k: v.detach().clone() for k, v in model.state_dict().items()})
             log(f"target step {step + 1}: val ppl {ppl:.3f} (best {best[1]:.3f} at step {best[0]})")
-        if time.time() > deadline:
-            log(f"target: wall-clock guard hit ({args.target_max_min} min) at step {step}; stopping early")
-            stopped_early = True
-            break
+        if args.target_ckpt_every and (step + 1) % args.target_ckpt_every == 0 and step + 1 < args.target_steps:
+            save_ckpt(step + 1)
+        if time.time() > deadline and step + 1 < args.target_steps:
+            save_ckpt(step + 1)
+            log(f"target: wall-clock guard hit ({args.target_max_min} min) at step {step + 1}; checkpoint {ckpt_path}")
+            return {"incomplete": f"target at step {step + 1}/{args.target_steps}"}
     C.sync(device)
     train_time = time.time() - t0
     final_loss = loss.item()
@@ -146,11 +172,19 @@ def run(args, log):
     log(f"target: trained {final_step} steps (kept step {kept_step}) in {C.fmt_s(train_time)}; final train loss {final_loss:.4f}; "
         f"val ppl {ppl32:.3f} (fp32 weights) / {ppl16:.3f} (bf16 weights) over {nval:,} tokens; "
         f"train-sample ppl {trainppl16:.3f}")
-    tdir = out / "target"
-    tdir.mkdir(parents=True, exist_ok=True)
     from safetensors.torch import save_file
 
     save_file(sd, str(tdir / "model.safetensors"), metadata={"format": "pt"})
+    ppl_int4 = None
+    if args.ship_int4:
+        q = C.int4_state_dict(sd, args.int4_group)
+        save_file(q, str(tdir / "model_int4.safetensors"), metadata={"format": "mlx"})
+        C.retag_u32(tdir / "model_int4.safetensors", [k for k in q if k + "" in sd and q[k].dtype == torch.int32])
+        model.load_state_dict({k: v.float() for k, v in C.dequantize_state_dict(q, args.int4_group).items()}, strict=False)
+        ppl_int4, _ = evaluate_ppl(model, val, args.target_seq, device, max_windows=mw)
+        log(f"target: int4 (group {args.int4_group}) val ppl {ppl_int4:.3f} (bf16 {ppl16:.3f})")
+    if ckpt_path.exists():
+        ckpt_path.unlink()
     model.config.to_json_file(str(tdir / "config.json"))
     metrics = {
         "params": n_params,
@@ -166,6 +200,8 @@ def run(args, log):
         "final_train_loss": final_loss,
         "val_ppl_fp32": ppl32,
         "val_ppl_bf16": ppl16,
+        "val_ppl_int4": ppl_int4,
+        "shape": args.target_shape,
         "val_tokens": nval,
         "train_sample_ppl_bf16": trainppl16,
         "lr": args.target_lr,

@@ -52,6 +52,14 @@ def parse_args(argv=None):
     p.add_argument("--device", default=None, help="cuda | cpu (default: cuda if available)")
     p.add_argument("--smoke", action="store_true", help="tiny CPU-sized run of every stage")
     p.add_argument("--smoke-files", type=int, default=120, help="train files kept by --smoke")
+    p.add_argument("--corpus-dir", default=None,
+                   help="a corpus built by tools/train/pypi_corpus.py (its corpus/ and tokenizer/ are used "
+                        "instead of the stdlib corpus and a newly trained tokenizer)")
+    p.add_argument("--target-shape", default="tiny", help="tiny (qwen38.md section 9) | small | nano (CPU dry run)")
+    p.add_argument("--ship-int4", action="store_true",
+                   help="the target (and MTP head) ship in int4, mlx layout; MTP, gen and drafter use the "
+                        "dequantized int4 target, and later device calls need only the int4 file")
+    p.add_argument("--int4-group", type=int, default=64)
 
     g = p.add_argument_group("target")
     g.add_argument("--target-steps", type=int, default=1600)
@@ -61,6 +69,9 @@ def parse_args(argv=None):
     g.add_argument("--target-warmup", type=int, default=100)
     g.add_argument("--target-wd", type=float, default=0.1)
     g.add_argument("--target-max-min", type=float, default=5.5, help="wall-clock guard for the training loop")
+    g.add_argument("--target-ckpt-every", type=int, default=500,
+                   help="write target/ckpt.pt (weights, optimizer, RNG, curve) every N steps and at the guard; "
+                        "a re-run resumes from it")
     g.add_argument("--target-eval-every", type=int, default=100,
                    help="validation perplexity every N steps; the best checkpoint is kept (0: off, keep last)")
 
@@ -86,26 +97,30 @@ def parse_args(argv=None):
     g.add_argument("--drafter-lr", type=float, default=1e-3)
     g.add_argument("--drafter-warmup", type=int, default=100)
     g.add_argument("--drafter-max-min", type=float, default=3.5)
-    g.add_argument("--drafter-taps", default="1,3,5", help="target_layer_ids")
+    g.add_argument("--drafter-taps", default="auto",
+                   help="target_layer_ids: auto = build_target_layer_ids(layers, 3) (1,3,5 for the tiny target)")
     g.add_argument("--drafter-window", type=int, default=1024, help="sliding_window")
     g.add_argument("--drafter-gamma", type=float, default=4.0)
     g.add_argument("--drafter-alpha", type=float, default=1.0, help="selector loss weight")
     g.add_argument("--eval-walk", type=int, default=512, help="held-out sequences for the greedy-walk tau")
     args = p.parse_args(argv)
     if args.smoke:
-        apply_smoke(args)
+        apply_smoke(args, p)
     return args
 
 
-def apply_smoke(a):
+def apply_smoke(a, p):
     a.target_steps, a.target_seq, a.target_batch, a.target_warmup = 12, 64, 4, 3
     a.target_eval_every = 6
     a.mtp_steps, a.mtp_seq, a.mtp_batch = 6, 64, 4
     a.gen_prompts, a.gen_batch, a.gen_prompt_len, a.gen_new, a.gen_heldout = 16, 12, 16, 24, 8
     a.drafter_steps, a.drafter_batch, a.drafter_anchors, a.drafter_warmup = 10, 4, 4, 2
     a.eval_walk = 8
-    # the smoke run must not depend on machine load: no wall-clock guards
-    a.target_max_min = a.mtp_max_min = a.gen_max_min = a.drafter_max_min = 1e6
+    # the smoke run must not depend on machine load: no wall-clock guards, unless one is given
+    # (the resume dry run gives --target-max-min)
+    for g in ("target_max_min", "mtp_max_min", "gen_max_min", "drafter_max_min"):
+        if getattr(a, g) == p.get_default(g):
+            setattr(a, g, 1e6)
     if a.device is None:
         a.device = "cpu"
 
@@ -127,7 +142,7 @@ def main(argv=None):
     args.out = str(out)
     log = C.Log(out)
     stages = select_stages(args.stage)
-    log(f"=== train_all: stages {stages} out={out} seed={args.seed} smoke={args.smoke} "
+    log(f"=== train_all: stages {stages} out={os.path.relpath(out)} seed={args.seed} smoke={args.smoke} "
         f"python={platform.python_version()} argv={' '.join(sys.argv[1:])}")
     try:
         import torch
@@ -152,6 +167,10 @@ def main(argv=None):
         except Exception:
             log(f"stage {st} FAILED:\n{traceback.format_exc()}")
             raise
+        if info.get("incomplete"):
+            log(f"--- stage {st}: stopped at its wall-clock guard after {C.fmt_s(time.time() - t0)}; "
+                f"run the same command again to resume ({info['incomplete']})")
+            sys.exit(3)
         info["wall_seconds"] = time.time() - t0
         info["args"] = vars(args)
         C.mark_stage(out, st, info)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/gdn_chunked.h"
 #include "core/error.h"
 
 namespace qf {
@@ -155,6 +156,14 @@ class CpuBackend final : public Backend {
       default: fail(ErrorKind::Internal, "cpu matmul: unsupported weight dtype %s", dtype_name(W.dtype));
     }
   }
+  // The prefill GEMM's twin: bf16-rounded activations (what a bf16 tensor-core GEMM multiplies),
+  // then the matmul's fixed-order fp32 dot, for every weight dtype (backend.h).
+  void gemm(const WeightRef& W, const float* x, float* y, int M) override {
+    std::vector<float> xr(static_cast<size_t>(M) * W.cols);
+    for (size_t i = 0; i < xr.size(); i++) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    matmul(W, xr.data(), y, M);
+  }
+
 
   void embed(const WeightRef& E, const int32_t* ids, float* out, int M) override {
     for (int m = 0; m < M; m++) {
@@ -246,15 +255,35 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void kv_write(float* cache, const float* rows, int M, int width, const StepMeta* meta) override {
+  void kv_write(void* cache, const float* rows, int M, int width, const StepMeta* meta, DType dt) override {
     const int64_t row0 = meta->q_pos0 - meta->kv_pos0;
     QF_CHECK(row0 >= 0, "kv_write before the cache start (q_pos0 %d, kv_pos0 %d)", meta->q_pos0,
              meta->kv_pos0);
-    std::memcpy(cache + row0 * width, rows, static_cast<size_t>(M) * width * sizeof(float));
+    const size_t n = static_cast<size_t>(M) * width;
+    if (dt == DType::BF16) {
+      uint16_t* c = static_cast<uint16_t*>(cache) + row0 * width;
+      for (size_t i = 0; i < n; i++) c[i] = f32_to_bf16(rows[i]);
+      return;
+    }
+    QF_CHECK(dt == DType::F32, "kv_write: cache dtype %s (F32 or BF16 expected)", dtype_name(dt));
+    std::memcpy(static_cast<float*>(cache) + row0 * width, rows, n * sizeof(float));
   }
 
-  void attention(const float* q, const float* K, const float* V, float* out, int M,
+  void attention(const float* q, const void* K, const void* V, float* out, int M,
                  const AttnParams& p, const StepMeta* meta) override {
+    if (p.kv_dtype == DType::BF16)
+      return attention_t(q, static_cast<const uint16_t*>(K), static_cast<const uint16_t*>(V), out, M, p, meta);
+    QF_CHECK(p.kv_dtype == DType::F32, "attention: K/V dtype %s (F32 or BF16 expected)", dtype_name(p.kv_dtype));
+    attention_t(q, static_cast<const float*>(K), static_cast<const float*>(V), out, M, p, meta);
+  }
+
+ private:
+  static float kv_at(const float* c, size_t i) { return c[i]; }
+  static float kv_at(const uint16_t* c, size_t i) { return bf16_to_f32(c[i]); }
+
+  template <class T>
+  void attention_t(const float* q, const T* K, const T* V, float* out, int M, const AttnParams& p,
+                   const StepMeta* meta) {
     const int hd = p.head_dim, group = p.n_heads / p.n_kv_heads;
     const int kvw = p.n_kv_heads * hd;
 #pragma omp parallel for collapse(2) schedule(static) if (M * p.n_heads > 1 && meta->n_kv > 64)
@@ -269,13 +298,13 @@ class CpuBackend final : public Backend {
         }
         const float* qh = q + (static_cast<size_t>(m) * p.n_heads + h) * hd;
         float* oh = out + (static_cast<size_t>(m) * p.n_heads + h) * hd;
-        const int g = h / group;
+        const size_t goff = static_cast<size_t>(h / group) * hd;
         std::vector<float> sc(static_cast<size_t>(std::max<int64_t>(hi - lo, 0)));
         float mx = -INFINITY;
         for (int64_t j = lo; j < hi; j++) {
-          const float* kj = K + static_cast<size_t>(j) * kvw + static_cast<size_t>(g) * hd;
+          const size_t kj = static_cast<size_t>(j) * kvw + goff;
           float s = 0;
-          for (int d = 0; d < hd; d++) s += qh[d] * kj[d];
+          for (int d = 0; d < hd; d++) s += qh[d] * kv_at(K, kj + d);
           s *= p.scale;
           sc[j - lo] = s;
           mx = std::max(mx, s);
@@ -287,13 +316,14 @@ class CpuBackend final : public Backend {
         }
         for (int d = 0; d < hd; d++) oh[d] = 0;
         for (int64_t j = lo; j < hi; j++) {
-          const float* vj = V + static_cast<size_t>(j) * kvw + static_cast<size_t>(g) * hd;
+          const size_t vj = static_cast<size_t>(j) * kvw + goff;
           const float w = sc[j - lo] / sum;
-          for (int d = 0; d < hd; d++) oh[d] += w * vj[d];
+          for (int d = 0; d < hd; d++) oh[d] += w * kv_at(V, vj + d);
         }
       }
   }
 
+ public:
   void gdn_rows(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w,
                 const float* A_log, const float* dt_bias, const GdnDims& d, float* state, float* y,
                 int M, float* capture) override {
@@ -357,6 +387,12 @@ class CpuBackend final : public Backend {
       if (capture) std::memcpy(capture + static_cast<size_t>(m) * d.state_floats(), state,
                                d.state_floats() * sizeof(float));
     }
+  }
+
+  void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w,
+                   const float* A_log, const float* dt_bias, const GdnDims& d, float* state, float* y,
+                   int M) override {
+    cpu::gdn_chunked(mixed, alpha, beta_in, conv_w, A_log, dt_bias, d, state, y, M);
   }
 
   void argmax_rows(const float* x, int M, int n, int32_t* out) override {

@@ -1,4 +1,5 @@
-// GQA attention for decode and verify (flash-decoding style, two kernels).
+// GQA attention for decode and verify (flash-decoding style, two kernels), for fp32 K/V and the
+// shapes the grouped kernel (attention_group.cu: bf16 K/V, one block per kv group) does not take.
 //
 // Kernel 1, grid (head, row, split): query row m of head h sees key rows [lo, hi) (causal /
 // window rules of backend.h, read from the StepMeta in device memory). The key buffer is cut
@@ -34,22 +35,13 @@ struct AttnGeom {
   int causal, window;
 };
 
-__device__ __forceinline__ void visible_range(const AttnGeom& G, const StepMeta* meta, int m, int64_t* lo_out,
-                                              int64_t* hi_out) {
-  const int64_t qpos = static_cast<int64_t>(meta->q_pos0) + m;
-  const int64_t kv0 = meta->kv_pos0;
-  int64_t lo = 0, hi = meta->n_kv;
-  if (G.causal && qpos - kv0 + 1 < hi) hi = qpos - kv0 + 1;
-  if (G.window > 0) {
-    if (qpos - G.window + 1 - kv0 > lo) lo = qpos - G.window + 1 - kv0;
-    if (!G.causal && qpos + G.window - kv0 < hi) hi = qpos + G.window - kv0;
-  }
-  *lo_out = lo;
-  *hi_out = hi;
-}
+// K/V elements widened to fp32 (bf16 exactly).
+__device__ __forceinline__ float kv_ld(const float* p) { return *p; }
+__device__ __forceinline__ float kv_ld(const uint16_t* p) { return bf16_bits(*p); }
 
-__global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __restrict__ q, const float* __restrict__ K,
-                                                              const float* __restrict__ V, float* __restrict__ part,
+template <class T>
+__global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __restrict__ q, const T* __restrict__ K,
+                                                              const T* __restrict__ V, float* __restrict__ part,
                                                               const AttnGeom G, const StepMeta* meta) {
   pdl_trigger();
   pdl_wait();
@@ -61,7 +53,7 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
   __shared__ float ps[kAttnChunk];
 
   int64_t lo, hi;
-  visible_range(G, meta, m, &lo, &hi);
+  attn_visible_range<false>(meta, m, G.causal, G.window, &lo, &hi);
   const float* qh = q + (static_cast<size_t>(m) * G.n_heads + h) * hd;
   for (int d = threadIdx.x; d < hd; d += kThreads) qs[d] = qh[d];
 
@@ -86,7 +78,7 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
       // first head (the other heads and rows read the same lines). A prefetch never changes a
       // result, so these choices cannot break row-invariance.
       if (m == 0 && h % G.group == 0 && c + kAttnSplits < c_hi) {
-        const int lines = (hd * 4 + 127) / 128;  // 128-byte lines per key row of one kv head
+        const int lines = (hd * static_cast<int>(sizeof(T)) + 127) / 128;  // 128-byte lines per key row of one kv head
         const int64_t jn0 = cbase + static_cast<int64_t>(kAttnSplits) * kAttnChunk;  // this split's next chunk
         const int64_t jn1 = jn0 + kAttnChunk < hi ? jn0 + kAttnChunk : hi;
         for (int L = threadIdx.x; L < 2 * kAttnChunk * lines; L += kThreads) {
@@ -94,8 +86,9 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
           const int LL = next ? L - kAttnChunk * lines : L;
           const int64_t j = (next ? jn0 : cbase) + LL / lines;
           if (next ? (j < jn1) : (j >= j0 && j < j1)) {
-            const float* base = next ? K : V;
-            touch_l2(base + static_cast<size_t>(j) * G.kvw + static_cast<size_t>(g) * hd + 32 * (LL % lines));
+            const T* base = next ? K : V;
+            touch_l2(base + static_cast<size_t>(j) * G.kvw + static_cast<size_t>(g) * hd +
+                     (128 / sizeof(T)) * (LL % lines));
           }
         }
       }
@@ -109,11 +102,11 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
         for (int u = 0; u < kKeyBatch; u++) {
           const int64_t j = cbase + warp + kWarps * (u0 + u);
           const bool ok = j >= j0 && j < j1;
-          const float* kj = K + static_cast<size_t>(ok ? j : j0) * G.kvw + static_cast<size_t>(g) * hd;
+          const T* kj = K + static_cast<size_t>(ok ? j : j0) * G.kvw + static_cast<size_t>(g) * hd;
 #pragma unroll
           for (int e = 0; e < kAttnMaxHeadDim / 32; e++) {
             const int d = lane + 32 * e;
-            kv[u][e] = ok && d < hd ? kj[d] : 0.0f;
+            kv[u][e] = ok && d < hd ? kv_ld(kj + d) : 0.0f;
           }
         }
 #pragma unroll
@@ -147,11 +140,11 @@ __global__ void __launch_bounds__(kThreads) attn_split_kernel(const float* __res
         const int d = threadIdx.x + k * kThreads;
         if (d < hd) {
           float a = __fmul_rn(acc[k], alpha);
-          const float* vd = V + static_cast<size_t>(g) * hd + d;
+          const T* vd = V + static_cast<size_t>(g) * hd + d;
           for (int64_t jb = j0; jb < j1; jb += kValBatch) {
             float vv[kValBatch];
 #pragma unroll
-            for (int u = 0; u < kValBatch; u++) vv[u] = jb + u < j1 ? vd[static_cast<size_t>(jb + u) * G.kvw] : 0.0f;
+            for (int u = 0; u < kValBatch; u++) vv[u] = jb + u < j1 ? kv_ld(vd + static_cast<size_t>(jb + u) * G.kvw) : 0.0f;
 #pragma unroll
             for (int u = 0; u < kValBatch; u++)
               if (jb + u < j1) a = fmaf(ps[jb + u - cbase], vv[u], a);
@@ -208,10 +201,10 @@ __global__ void __launch_bounds__(kThreads) attn_combine_kernel(const float* __r
 }  // namespace
 
 size_t attention_scratch_floats(int M, int n_heads, int head_dim) {
-  return static_cast<size_t>(M) * n_heads * kAttnSplits * (head_dim + 2);
+  return static_cast<size_t>(M) * n_heads * (kGrpSplits > kAttnSplits ? kGrpSplits : kAttnSplits) * (head_dim + 2);
 }
 
-void attention(const float* q, const float* K, const float* V, float* out, int M, const AttnParams& p,
+void attention(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
                const StepMeta* meta, float* scratch, cudaStream_t st) {
   if (M <= 0 || p.n_heads <= 0) return;
   if (p.head_dim <= 0 || p.head_dim > kAttnMaxHeadDim)
@@ -219,6 +212,7 @@ void attention(const float* q, const float* K, const float* V, float* out, int M
   if (p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0)
     backend_fail("cuda attention: %d heads not a multiple of %d kv heads", p.n_heads, p.n_kv_heads);
   if (M > 65535) backend_fail("cuda attention: %d rows in one call", M);
+  if (attention_grouped_applies(p)) return attention_grouped(q, K, V, out, M, p, meta, scratch, st);
   AttnGeom G;
   G.n_heads = p.n_heads;
   G.group = p.n_heads / p.n_kv_heads;
@@ -227,7 +221,15 @@ void attention(const float* q, const float* K, const float* V, float* out, int M
   G.scale = p.scale;
   G.causal = p.causal ? 1 : 0;
   G.window = p.window;
-  launch_k(attn_split_kernel, dim3(dim3(p.n_heads, M, kAttnSplits)), dim3(kThreads), 0, st, q, K, V, scratch, G, meta);
+  const dim3 grid(p.n_heads, M, kAttnSplits);
+  if (p.kv_dtype == DType::BF16)
+    launch_k(attn_split_kernel<uint16_t>, grid, dim3(kThreads), 0, st, q, static_cast<const uint16_t*>(K),
+             static_cast<const uint16_t*>(V), scratch, G, meta);
+  else if (p.kv_dtype == DType::F32)
+    launch_k(attn_split_kernel<float>, grid, dim3(kThreads), 0, st, q, static_cast<const float*>(K),
+             static_cast<const float*>(V), scratch, G, meta);
+  else
+    backend_fail("cuda attention: K/V dtype code %d (F32 or BF16 expected)", static_cast<int>(p.kv_dtype));
   QF_CUDA_LAUNCH_CHECK("attn_split_kernel");
   launch_k(attn_combine_kernel, dim3(dim3(p.n_heads, M)), dim3(kThreads), 0, st, scratch, out, p.n_heads, p.head_dim);
   QF_CUDA_LAUNCH_CHECK("attn_combine_kernel");

@@ -15,13 +15,14 @@ namespace qf::cuda {
 // qflash_lib's strf), so qflash_cuda links on its own.
 [[noreturn]] void backend_fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 std::string fmt_str(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string vfmt(const char* fmt, va_list ap);
 
 [[noreturn]] void cuda_fail(cudaError_t e, const char* what, const char* file, int line);
 
 // Kernels are launched with programmatic dependent launch (device_common.cuh) unless QFLASH_PDL=0.
 bool pdl_enabled();
 
-// Kernel profiler (`qflash bench --profile`, the GEMV bench): while it is on, launch_k brackets
+// Kernel profiler (cuda_profiler.cpp; `qflash bench --profile`, the GEMV bench): while it is on, launch_k brackets
 // every launch with two CUDA events; prof_report() adds the GPU time up by kernel and tag. It
 // skips launches made during a stream capture. prof_tag() names the next launch (the GEMV puts
 // its shape there) and is cleared by it.

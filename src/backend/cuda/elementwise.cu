@@ -279,7 +279,8 @@ __global__ void rope_kernel(float* x, int M, int nh, int hd, int half, const Rop
   }
 }
 
-__global__ void kv_write_kernel(float* cache, const float* __restrict__ rows, int M, int width, const StepMeta* meta,
+template <class T>
+__global__ void kv_write_kernel(T* cache, const float* __restrict__ rows, int M, int width, const StepMeta* meta,
                                 DevError* err) {
   pdl_trigger();
   pdl_wait();
@@ -289,10 +290,14 @@ __global__ void kv_write_kernel(float* cache, const float* __restrict__ rows, in
     return;
   }
   const size_t total = static_cast<size_t>(M) * width;
-  float* dst = cache + static_cast<size_t>(row0) * width;
+  T* dst = cache + static_cast<size_t>(row0) * width;
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    dst[i] = rows[i];
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    if constexpr (sizeof(T) == 2)
+      dst[i] = f32_to_bf16_bits(rows[i]);
+    else
+      dst[i] = rows[i];
+  }
 }
 
 __global__ void dyn_conv_kernel(const float* __restrict__ x, const float* __restrict__ base,
@@ -429,11 +434,18 @@ void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, const RopeFre
   QF_CUDA_LAUNCH_CHECK("rope_kernel");
 }
 
-void kv_write(float* cache, const float* rows, int M, int width, const StepMeta* meta, DevError* err,
+void kv_write(void* cache, DType dt, const float* rows, int M, int width, const StepMeta* meta, DevError* err,
               cudaStream_t st) {
   const size_t total = static_cast<size_t>(M) * width;
   if (total == 0) return;
-  launch_k(kv_write_kernel, dim3(grid_for(total, kBlock)), dim3(kBlock), 0, st, cache, rows, M, width, meta, err);
+  const dim3 grid(grid_for(total, kBlock));
+  if (dt == DType::BF16)
+    launch_k(kv_write_kernel<uint16_t>, grid, dim3(kBlock), 0, st, static_cast<uint16_t*>(cache), rows, M, width, meta,
+             err);
+  else if (dt == DType::F32)
+    launch_k(kv_write_kernel<float>, grid, dim3(kBlock), 0, st, static_cast<float*>(cache), rows, M, width, meta, err);
+  else
+    backend_fail("cuda kv_write: cache dtype code %d (F32 or BF16 expected)", static_cast<int>(dt));
   QF_CUDA_LAUNCH_CHECK("kv_write_kernel");
 }
 

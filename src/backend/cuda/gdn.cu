@@ -45,17 +45,8 @@ __global__ void gdn_conv_kernel(const float* __restrict__ mixed, const float* __
     if (j == K - 1) wlast = w[j];
   for (int m = 0; m < M; m++) {
     const float raw = mixed[static_cast<size_t>(m) * C + c];
-    float acc = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kConvMax - 1; j++)
-      if (j < K - 1) acc = __fadd_rn(acc, __fmul_rn(w[j], win[j]));
-    acc = __fadd_rn(acc, __fmul_rn(wlast, raw));
-    u[static_cast<size_t>(m) * C + c] = silu_f(acc);
-#pragma unroll
-    for (int j = 0; j < kConvMax - 1; j++) {
-      if (j < K - 2) win[j] = win[j + 1 < kConvMax - 1 ? j + 1 : j];
-      else if (j == K - 2) win[j] = raw;
-    }
+    u[static_cast<size_t>(m) * C + c] = silu_f(gdn_conv_acc(w, win, wlast, raw, K));
+    gdn_conv_push(win, raw, K);
     if (capture) {
       float* ct = capture + m * cap_stride + s_floats;
 #pragma unroll
@@ -140,15 +131,14 @@ __global__ void __launch_bounds__(kWPB * 32) gdn_recur_kernel(const RecurArgs a)
     }
     sq = warp_sum(sq);
     sk = warp_sum(sk);
-    const float iq = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sq, a.eps)));
-    const float ik = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(sk, a.eps)));
+    const float iq = gdn_inv_norm(sq, a.eps);
+    const float ik = gdn_inv_norm(sk, a.eps);
 #pragma unroll
     for (int t = 0; t < TPL; t++) {
       qv[t] = __fmul_rn(__fmul_rn(qv[t], iq), a.qscale);
       kv[t] = __fmul_rn(kv[t], ik);
     }
-    const float av = __fadd_rn(cur.al, dtb);
-    const float g = expf(__fmul_rn(negA, softplus_f(av)));
+    const float g = expf(gdn_log_decay(negA, cur.al, dtb));
     const float beta = sigmoid_f(cur.be);
     float* ym = a.y + static_cast<size_t>(m) * a.Hv * dv + static_cast<size_t>(h) * dv;
 #pragma unroll
@@ -212,24 +202,12 @@ void gdn_rows(const float* mixed, const float* alpha, const float* beta_in, cons
                                                    d.s_floats(), C, d.conv_kernel, M);
   QF_CUDA_LAUNCH_CHECK("gdn_conv_kernel");
   RecurArgs a;
+  gdn_common_args(a, d, alpha, beta_in, A_log, dt_bias, M);
   a.u = scratch;
-  a.alpha = alpha;
-  a.beta_in = beta_in;
-  a.A_log = A_log;
-  a.dt_bias = dt_bias;
   a.S = state;
   a.y = y;
   a.capture = capture;
   a.cap_stride = SF;
-  a.C = C;
-  a.key_dim = d.key_dim();
-  a.Hv = d.n_v_heads;
-  a.dk = d.d_k;
-  a.dv = d.d_v;
-  a.ratio = d.n_v_heads / d.n_k_heads;
-  a.M = M;
-  a.eps = d.eps;
-  a.qscale = 1.0f / std::sqrt(static_cast<float>(d.d_k));  // the CPU twin's expression
   const dim3 grid(d.n_v_heads, (d.d_v + kRW * kWPB - 1) / (kRW * kWPB));
   const int tpl = (d.d_k + 31) / 32;
   if (tpl <= 1) launch_k(gdn_recur_kernel<1>, dim3(grid), dim3(kWPB * 32), 0, st, a);

@@ -47,12 +47,6 @@ struct GemvParams {
   size_t row_bytes;       // bytes of one weight row
 };
 
-// Plan shared by all formats: everything here depends on the shape (and the bench's forcing).
-struct GemvPlan {
-  int cw = 8;
-  int ks = 1;
-};
-
 // Column slices from the shape alone: split the columns until there are enough warps to cover
 // the machine (counted as if each warp served 16 rows), keeping >= 8 chunks per slice.
 inline int gemv_slices_for(int64_t rows, int64_t cols, int cw) {
@@ -298,11 +292,17 @@ void gemv_dispatch_mb(const GemvParams& P, int mb, bool vec, cudaStream_t st) {
   }
 }
 
-// Per-format entry points (one per .cu file). `variant` is honoured by the bf16 file only; it
-// returns false (and launches nothing) for a variant it does not have at that row capacity.
-bool gemv_run_bf16(const GemvParams& P, int mb, bool vec, int variant, cudaStream_t st);
+// Per-format entry points (one per .cu file): the default schedule at row capacity mb (1, 2, 4,
+// 8 or 16); vec: 16-byte weight loads (aligned rows).
+void gemv_run_bf16(const GemvParams& P, int mb, bool vec, cudaStream_t st);
 void gemv_run_f16(const GemvParams& P, int mb, bool vec, cudaStream_t st);
 void gemv_run_f32(const GemvParams& P, int mb, bool vec, cudaStream_t st);
 void gemv_run_q4(const GemvParams& P, int mb, bool vec, cudaStream_t st);
+
+// gemv()'s launch parameters for W with ks column slices (gemv() passes gemv_slices_for; the
+// kernel lab forces others) and whether its rows allow 16-byte loads; P.M, P.x and P.y are the
+// caller's. gemv_bucket: the row capacity gemv() runs m rows with.
+GemvParams gemv_params(const WeightRef& W, int x_ld, int ks, bool* vec);
+int gemv_bucket(int m);
 
 }  // namespace qf::cuda

@@ -1,6 +1,6 @@
 // Host-callable launchers of the CUDA backend's kernels (one .cu file per family). Every
 // launcher enqueues on the given stream and checks the launch; none synchronizes.
-// Included by the backend class (cuda_backend.cpp), the CUDA tests' helpers and the GEMV bench;
+// Included by the backend class (cuda_backend.h), the CUDA tests' helpers and the GEMV bench;
 // never by model code.
 #pragma once
 #include <cuda_runtime_api.h>
@@ -19,41 +19,26 @@ struct DevError {
   int a, b, c;
 };
 enum DevErrCode : int { kErrNone = 0, kErrEmbedId = 1, kErrKvWrite = 2, kErrSelectorId = 3 };
-const char* dev_error_text(int code);
 
-// ---- GEMV (gemv.cu) ---------------------------------------------------------------------------
+// ---- GEMV (gemv.cu, gemv_tc.cu) ------------------------------------------------------------------
 // y[m, r] = sum_c x[m * x_ld + c] * W[r, c] for m < M. x must be 16-byte aligned and x_ld a
-// multiple of 4 (the backend stages x when it is not). Row-invariant: see cuda_kernels.md.
-// `force_ks` (0 = automatic) and `variant` (0 = default) exist for the bench only: the
-// automatic column split depends on the matrix shape alone, never on M. Returns false (nothing
-// launched) only for a bench variant that does not exist at that M.
-// Stream-K scratch of the tensor-core GEMV (gemv_tc.cu): per-piece partial sums and per-tile
-// arrival counters (zero between launches). One per stream that runs GEMVs: the backend owns one.
-struct GemvScratch {
-  float* part = nullptr;
-  int* cnt = nullptr;
-  int max_warps = 0, max_tiles = 0;
-  int warps = 0;  // resident warps of the stream-K kernel on this device (the split's W cap)
-};
-void gemv_scratch_create(GemvScratch& s);  // on the current device; throws qf::Error on failure
-void gemv_scratch_destroy(GemvScratch& s) noexcept;
-
-// `sc` (may be null) enables the stream-K schedule of the tensor-core path.
-bool gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st,
-          const GemvScratch* sc = nullptr, int force_ks = 0, int variant = 0);
+// multiple of 4 (the backend stages x when it is not). Row-invariant: see cuda_kernels.md. The
+// column split depends on the matrix shape alone, never on M. Schedule experiments (forced splits,
+// the CUDA-core GEMV's R/U variants, stream-K) live in the kernel lab, bench/lab_gemv_*.cu.
+void gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st);
 // Tensor-core path (gemv_tc.cu): bf16 weights with cols % 64 == 0 take it for every M (decode
 // included), unless QFLASH_GEMV=fma selects the CUDA-core kernel for the whole process.
-// Schedules (`sched`): 0 = automatic (column slices; QFLASH_TC_SCHED=skr|hyb or QFLASH_GEMV=tc
-// override it for the process), 1 = column slices, 2 = stream-K, 3 = hybrid (stream-K for
-// shapes whose slice grid is ragged, needs `sc`). The bench and the tests run each.
 bool gemv_tc_eligible(const WeightRef& W);
 int gemv_tc_slices(int64_t tiles, int64_t cols);  // tiles: 32-row tiles of the (grouped) weights
-void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st,
-             const GemvScratch* sc = nullptr, int sched = 0, int force_ks = 0);
+// `sched` numbers the production schedules, 0 (the default) .. gemv_tc_sched_count() - 1; the
+// tests run each. One today: column slices.
+void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int sched = 0);
 // Up to 4 tc-eligible weights with the same cols reading the same x, in one launch; the split
 // is chosen from the group's total rows and cols (shape-only).
 void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
-                   cudaStream_t st, const GemvScratch* sc = nullptr, int sched = 0, int force_ks = 0);
+                   cudaStream_t st, int sched = 0);
+int gemv_tc_sched_count();
+const char* gemv_tc_sched_name(int sched);
 // The tensor-core GEMV's own weight layout (WeightRef::kTc32x64): for every 32-row tile and
 // 64-column chunk, the 4 KB the tile's warp reads for that chunk lie contiguously, in the order
 // its lanes load them (8 loads of 512 bytes, one 16-byte vector per lane), chunks of a tile one
@@ -63,14 +48,9 @@ void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const fl
 size_t gemv_tc_tiled_bytes(int64_t rows, int64_t cols);
 // src: row-major bf16 [rows, cols] (gemv_tc_eligible); dst: gemv_tc_tiled_bytes(rows, cols).
 void gemv_tc_relayout(const void* src, void* dst, int64_t rows, int64_t cols, cudaStream_t st);
-int gemv_tc_sched_count();
-const char* gemv_tc_sched_name(int sched);
 bool gemv_tc_enabled();
 // Column slices the automatic plan uses for this matrix (shape-only).
 int gemv_auto_slices(const WeightRef& W);
-// Bench schedule variants (bf16, 16-byte aligned weights, M in {1, 5..8, 9..16}): 0 = default.
-int gemv_variant_count();
-const char* gemv_variant_name(int v);
 
 // ---- elementwise and small ops (elementwise.cu) --------------------------------------------------
 // Backend::fill_random: bf16 or f32, element i = scale * random_uniform_pm1(seed, i) (backend.h).
@@ -92,7 +72,8 @@ struct RopeFreqs {
 };
 void rope(float* x, int M, int n_heads, int head_dim, int rot_dim, const RopeFreqs& f, const StepMeta* meta,
           cudaStream_t st);
-void kv_write(float* cache, const float* rows, int M, int width, const StepMeta* meta, DevError* err,
+// cache of dt: F32, or BF16 rounded to nearest even exactly as qf::f32_to_bf16.
+void kv_write(void* cache, DType dt, const float* rows, int M, int width, const StepMeta* meta, DevError* err,
               cudaStream_t st);
 void dyn_conv(const float* x, const float* base, const float* D, float* out, int L, int H, int Kc, int gs, int side,
               cudaStream_t st);
@@ -104,9 +85,27 @@ void dyn_conv(const float* x, const float* base, const float* D, float* out, int
 constexpr int kAttnChunk = 64;
 constexpr int kAttnSplits = 16;
 constexpr int kAttnMaxHeadDim = 512;
+// Decode/verify with bf16 K/V (attention_group.cu): one block per (kv group, split, kGrpRows q
+// rows), chunk c in split c % kGrpSplits. Used by attention() where attention_grouped_applies(p)
+// (bf16 K/V, head_dim 64/128/256, <= kGrpRows heads per kv head; QFLASH_ATTN=split turns it off):
+// a choice from the shapes only, so decode and verify always take the same kernel.
+constexpr int kGrpSplits = 64;
+constexpr int kGrpRows = 48;
+bool attention_grouped_applies(const AttnParams& p);
+void attention_grouped(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
+                       const StepMeta* meta, float* scratch, cudaStream_t st);
 size_t attention_scratch_floats(int M, int n_heads, int head_dim);
-void attention(const float* q, const float* K, const float* V, float* out, int M, const AttnParams& p,
+// K, V of p.kv_dtype (F32 or BF16).
+void attention(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
                const StepMeta* meta, float* scratch, cudaStream_t st);
+
+// ---- attention_prefill (attention_prefill.cu) -------------------------------------------------
+// Causal (or windowed) attention for many query rows on the tensor cores, K/V in bf16: see the
+// file's header for the tiling and why a row's bits never depend on M. Returns false (nothing
+// launched) where the kernel does not apply (fp32 K/V, a head_dim other than 64/128/256): the
+// caller runs attention() instead.
+bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
+                       const StepMeta* meta, cudaStream_t st);
 
 // ---- gated DeltaNet (gdn.cu) ----------------------------------------------------------------
 size_t gdn_scratch_floats(const GdnDims& d, int M);
@@ -122,6 +121,25 @@ void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, v
 void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float* P, const WeightRef& Epre,
                    const WeightRef& Esuc, const int32_t* anchor, int k, int K, int R, int32_t* drafts, float* scores,
                    DevError* err, cudaStream_t st);
+
+// ---- int4 tensor-core GEMV (gemv_tc_q4.cu) ----------------------------------------------------
+// int4 (mlx group-affine, group 32/64/128) weights relaid into the kernel's tiles at load
+// (WeightRef::kTcQ4, scales and biases inside the blob); every M, decode included, row-invariant.
+// Activations as for gemv(). QFLASH_TC_Q4_PIECES=3 splits x into 3 bf16 pieces instead of 2.
+bool gemv_tc_q4_eligible(const WeightRef& W);  // row-major int4, cols a multiple of max(64, group)
+size_t gemv_tc_q4_bytes(int64_t rows, int64_t cols, int group);
+void gemv_tc_q4_relayout(const WeightRef& W, void* dst, cudaStream_t st);  // dst: gemv_tc_q4_bytes, 16-byte aligned
+void gemv_tc_q4(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st);
+// The prefill GEMM's int4 route (Backend::gemm): xr holds bf16 values already (GemmRunner's
+// rounding), so one bf16 piece is exact and a pass takes 32 tokens; bit for bit gemv_tc_q4 on
+// the same xr, row-invariant.
+void gemm_tc_q4(const WeightRef& W, const float* xr, int x_ld, float* y, int M, cudaStream_t st);
+// Up to 4 kTcQ4 weights with the same cols and group reading the same x, in one launch.
+void gemv_tc_q4_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
+                      cudaStream_t st);
+// Backend::quantize_int4: bit for bit int4_quantize_row (io/quantize.h), one thread per group.
+void quantize_int4(const void* bf16, int64_t rows, int64_t cols, int group, void* q, void* scales, void* biases,
+                   cudaStream_t st);
 
 // ---- misc -----------------------------------------------------------------------------------------
 // A trivial kernel: make_cuda_backend launches it once to prove the binary has code for the device.

@@ -1,0 +1,554 @@
+// Chunked gated DeltaNet (Backend::gdn_chunked): the gated delta rule in its chunk-parallel
+// (WY / UT-transform) form of docs/spec/qwen38.md 3.4, chunks of 64 rows from row 0, state in fp32.
+//
+// Per value head, a chunk of L <= 64 rows t (l2-normalised q_t, k_t; v_t; beta_t) and the state
+// S0 [d_v, d_k] it receives (the CPU twin backend/cpu/gdn_chunked.cpp computes the same formulas):
+//   gamma_t = -exp(A_log) softplus(alpha_t + dt_bias)   log of the decay g_t
+//   G_t     = gamma_0 + ... + gamma_t                     in double
+//   A_ts    = beta_t e^{G_t - G_s} (k_t . k_s), s < t;   Aqk_ts = e^{G_t - G_s} (q_t . k_s), s <= t
+//   (I + A) W = diag(beta e^G) K,   (I + A) U = diag(beta) V
+//   Delta   = U - W S0^T
+//   y_t     = e^{G_t} S0 q_t + sum_s Aqk_ts Delta_s
+//   S       = e^{G_{L-1}} S0 + sum_s e^{G_{L-1} - G_s} Delta_s k_s^T
+// Why: the recurrence S_t = g_t S_{t-1} + Delta_t k_t^T with Delta_t = beta_t (v_t - g_t S_{t-1} k_t)
+// unrolls to S_t = e^{G_t} S0 + sum_{s<=t} e^{G_t - G_s} Delta_s k_s^T; substituting S_{t-1}
+// into Delta_t gives (I + A) Delta = diag(beta) V - diag(beta e^G) K S0^T, i.e. Delta = U - W S0^T.
+// Every exponent is a difference of cumulative log-decays inside one chunk and is <= 0, so
+// strong decay underflows to 0 instead of overflowing; G is summed in double so that the
+// difference of two large sums keeps fp32 accuracy.
+//
+// Kernels, in stream order:
+//  1. gdn_chunk_prep_kernel, grid (key head, chunk), all chunks in parallel: conv + SiLU of the
+//     chunk's q and k channels over [tail | rows], l2 norms, the Gram products K K^T and Q K^T
+//     (once per key head), then for each value head of the key head the gates, A and Aqk, and
+//     both forward substitutions, one thread per column of W or U with the column in registers.
+//     Writes the intermediates (GdnChunkScratch, gdn_chunk.h).
+//  2. gdn_chunk_tail_kernel: the new conv tail (the last K-1 raw rows of [tail | rows]).
+//  3. gdn_chunk_recur_kernel, grid (value head, 32-row block of d_v), sequential over chunks.
+//     Rows of S are independent (row i of Delta needs only row i of S0), so a block keeps its 32
+//     rows of S as tensor-core accumulators across chunks. Per chunk: Delta = U - W S0^T and
+//     Q S0^T; then y = e^G (Q S0^T) + Aqk Delta and S = e^{G_{L-1}} S + (Delta e^{G_{L-1}-G})^T K.
+//     Products run on mma m16n8k8 tf32 with each fp32 operand split into a tf32 high part and
+//     a tf32 residual (3 products, about fp32 accuracy; one tf32 product alone costs ~1e-3),
+//     each k-step in a fresh accumulator added to the running sum in fp32 (see mma3).
+//  3'. v2 (default; QFLASH_GDN_CHUNK=v1 selects the kernels above): gdn_chunk_recur2.cu, the
+//     same per-warp operations with 64 rows of S per block and the operands staged in shared
+//     memory; prep at 1 block/SM so that the substitution's column stays in registers.
+//
+// Split invariance: a chunk's arithmetic depends only on its rows, the raw rows before it and the
+// state it receives, never on M or the chunk count, so splitting a prompt at a multiple of 64
+// repeats the same operations on the same values.
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/device_common.cuh"
+#include "backend/cuda/gdn_chunk.h"
+#include "backend/cuda/gdn_chunk_impl.cuh"
+
+namespace qf::cuda {
+
+namespace {
+
+using namespace gdn_detail;  // kC, kMaxD, kRows, RecArgs, the split-tf32 products
+constexpr int kConvMax = 8;
+constexpr int kPrepThreads = 2 * kMaxD;  // threads [0, d_k) solve columns of W, [128, 128 + d_v) of U
+constexpr int kLdG = kC + 1;             // Gram rows in shared memory
+constexpr int kLdA = kC + 4;             // A rows: 16-byte aligned for float4 broadcasts
+constexpr int kPrepHead = 5 * kC;        // G (double) + beta + beta e^G + pad, in floats
+constexpr int kRecThreads = 128;  // 4 warps
+
+// ---- 1. parallel stage ----------------------------------------------------------------------
+struct PrepArgs {
+  const float* mixed;  // [M, C] raw projections
+  const float* alpha;  // [M, Hv]
+  const float* beta_in;
+  const float* conv_w;  // [C, K]
+  const float* A_log;   // [Hv]
+  const float* dt_bias;
+  const float* tail;  // [K-1, C] raw rows before row 0 (the state's conv tail, read only here)
+  GdnChunkScratch sc;
+  int M, C, K, Hk, Hv, ratio, dk, dv, key_dim;
+  float eps, qscale;
+};
+
+// Conv + SiLU of channel ch for the chunk's rows t = 0..63 (0 past row L) with gdn_rows'
+// arithmetic; emit(t, u) in row order. Row m0 + t reads raw rows m0 + t - K + 1 .. m0 + t of
+// [tail | mixed].
+template <class Emit>
+__device__ __forceinline__ void conv_rows(const PrepArgs& a, int ch, int m0, int L, Emit&& emit) {
+  const int K = a.K;
+  const size_t C = a.C;
+  float w[kConvMax], win[kConvMax - 1];
+#pragma unroll
+  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? a.conv_w[static_cast<size_t>(ch) * K + j] : 0.0f;
+  // the current row's tap, read directly: selecting w[K - 1] would index the array dynamically
+  const float wlast = a.conv_w[static_cast<size_t>(ch) * K + K - 1];
+#pragma unroll
+  for (int j = 0; j < kConvMax - 1; j++) {
+    const int m = m0 - (K - 1) + j;
+    win[j] = 0.0f;
+    if (j < K - 1) win[j] = m >= 0 ? a.mixed[static_cast<size_t>(m) * C + ch] : a.tail[static_cast<size_t>(K - 1 + m) * C + ch];
+  }
+#pragma unroll
+  for (int t = 0; t < kC; t++) {
+    const float raw = t < L ? a.mixed[static_cast<size_t>(m0 + t) * C + ch] : 0.0f;
+    const float acc = gdn_conv_acc(w, win, wlast, raw, K);
+    emit(t, t < L ? silu_f(acc) : 0.0f);
+    gdn_conv_push(win, raw, K);
+  }
+}
+
+// MinBlocks 2 (v1) caps the kernel at 128 registers and spills the substitution's column
+// (244 bytes a thread, past L1 next to 100 KB of shared memory); 1 (v2) keeps it in registers.
+template <int MinBlocks>
+__global__ void __launch_bounds__(kPrepThreads, MinBlocks) gdn_chunk_prep_kernel(const PrepArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ __align__(16) float smem[];
+  const int kh = blockIdx.x, c = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int dk = a.dk, dv = a.dv, ldq = dk + 1;
+  const int m0 = c * kC, L = min(kC, a.M - m0);
+  double* Gs = reinterpret_cast<double*>(smem);  // [64] cumulative log-decay
+  float* bes = smem + 2 * kC;                    // [64] beta
+  float* bgs = bes + kC;                         // [64] beta e^G
+  float* Qs = smem + kPrepHead;                  // [64, ldq]
+  float* Ks = Qs + kC * ldq;                     // [64, ldq]
+  float* KK = Ks + kC * ldq;                     // [64, kLdG] k_t . k_s
+  float* QK = KK + kC * kLdG;                    // [64, kLdG] q_t . k_s
+  float* As = ldq >= kLdA ? Qs : QK + kC * kLdG;  // [64, kLdA]; takes Q's place once Q is used
+
+  if (tid < 2 * dk) {
+    const bool isk = tid >= dk;
+    const int j = isk ? tid - dk : tid;
+    float* dst = (isk ? Ks : Qs) + j;
+    conv_rows(a, (isk ? a.key_dim : 0) + kh * dk + j, m0, L, [&](int t, float u) { dst[t * ldq] = u; });
+  }
+  __syncthreads();
+  // l2 norms (gdn_rows' expressions; q also * d_k^-0.5), one warp per row
+  for (int r = warp; r < 2 * kC; r += kPrepThreads / 32) {
+    const bool isk = r >= kC;
+    const int t = isk ? r - kC : r;
+    float* p = (isk ? Ks : Qs) + t * ldq;
+    float ss = 0.0f;
+    for (int j = lane; j < dk; j += 32) ss = fmaf(p[j], p[j], ss);
+    ss = warp_sum(ss);
+    const float inv = gdn_inv_norm(ss, a.eps);
+    float* dst = (isk ? a.sc.kn : a.sc.qn) + ((static_cast<size_t>(c) * a.Hk + kh) * kC + t) * dk;
+    for (int j = lane; j < dk; j += 32) {
+      const float v = isk ? __fmul_rn(p[j], inv) : __fmul_rn(__fmul_rn(p[j], inv), a.qscale);
+      p[j] = v;
+      dst[j] = v;
+    }
+  }
+  __syncthreads();
+  // Gram products: thread (ty, tx) owns rows t = ty + 16i and columns s = tx + 16b
+  const int tx = tid & 15, ty = tid >> 4;
+  {
+    float kk[4][4], qk[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int b = 0; b < 4; b++) kk[i][b] = qk[i][b] = 0.0f;
+#pragma unroll 4
+    for (int j = 0; j < dk; j++) {
+      float kt[4], qt[4], ks[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        kt[i] = Ks[(ty + 16 * i) * ldq + j];
+        qt[i] = Qs[(ty + 16 * i) * ldq + j];
+        ks[i] = Ks[(tx + 16 * i) * ldq + j];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+          kk[i][b] = fmaf(kt[i], ks[b], kk[i][b]);
+          qk[i][b] = fmaf(qt[i], ks[b], qk[i][b]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int b = 0; b < 4; b++) {
+        KK[(ty + 16 * i) * kLdG + tx + 16 * b] = kk[i][b];
+        QK[(ty + 16 * i) * kLdG + tx + 16 * b] = qk[i][b];
+      }
+  }
+  __syncthreads();
+
+  for (int r = 0; r < a.ratio; r++) {
+    const int hv = kh * a.ratio + r;
+    const size_t hc = static_cast<size_t>(c) * a.Hv + hv;
+    if (tid < kC) {
+      float gam = 0.0f, beta = 0.0f;
+      if (tid < L) {
+        const size_t row = static_cast<size_t>(m0 + tid) * a.Hv + hv;
+        gam = gdn_log_decay(-expf(a.A_log[hv]), a.alpha[row], a.dt_bias[hv]);
+        beta = sigmoid_f(a.beta_in[row]);
+      }
+      Gs[tid] = static_cast<double>(gam);
+      bes[tid] = beta;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      double s = 0.0;
+      for (int t = 0; t < kC; t++) {
+        s += Gs[t];
+        Gs[t] = s;
+      }
+    }
+    __syncthreads();
+    if (tid < kC) {
+      const float eg = tid < L ? expf(static_cast<float>(Gs[tid])) : 0.0f;
+      const float er = tid < L ? expf(static_cast<float>(Gs[L - 1] - Gs[tid])) : 0.0f;
+      bgs[tid] = __fmul_rn(bes[tid], eg);
+      a.sc.eg[hc * kC + tid] = eg;
+      a.sc.er[hc * kC + tid] = er;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int b = 0; b < 4; b++) {
+        const int t = ty + 16 * i, s = tx + 16 * b;
+        float aqk = 0.0f, av = 0.0f;
+        if (t < L && s <= t) {
+          const float D = expf(static_cast<float>(Gs[t] - Gs[s]));
+          aqk = __fmul_rn(D, QK[t * kLdG + s]);
+          if (s < t) av = __fmul_rn(bes[t], __fmul_rn(D, KK[t * kLdG + s]));
+        }
+        As[t * kLdA + s] = av;
+        a.sc.aqk[(hc * kC + t) * kC + s] = aqk;
+      }
+    __syncthreads();
+    // (I + A) X = RHS by forward substitution, one column per thread
+    const bool isw = tid < dk, isu = tid >= kMaxD && tid - kMaxD < dv;
+    if (isw || isu) {
+      float x[kC];
+      if (isw) {
+#pragma unroll
+        for (int t = 0; t < kC; t++) x[t] = __fmul_rn(bgs[t], Ks[t * ldq + tid]);
+      } else {
+        conv_rows(a, 2 * a.key_dim + hv * dv + (tid - kMaxD), m0, L,
+                  [&](int t, float u) { x[t] = __fmul_rn(bes[t], u); });
+      }
+#pragma unroll
+      for (int t = 1; t < kC; t++) {
+        const float* At = As + t * kLdA;
+        float acc = x[t];
+#pragma unroll
+        for (int s = 0; s < t; s += 4) {
+          const float4 a4 = *reinterpret_cast<const float4*>(At + s);
+          acc = fmaf(-a4.x, x[s], acc);
+          if (s + 1 < t) acc = fmaf(-a4.y, x[s + 1], acc);
+          if (s + 2 < t) acc = fmaf(-a4.z, x[s + 2], acc);
+          if (s + 3 < t) acc = fmaf(-a4.w, x[s + 3], acc);
+        }
+        x[t] = acc;
+      }
+      float* dst = isw ? a.sc.w + hc * kC * dk + tid : a.sc.u + hc * kC * dv + (tid - kMaxD);
+      const int ld = isw ? dk : dv;
+#pragma unroll
+      for (int t = 0; t < kC; t++) dst[t * ld] = x[t];
+    }
+    __syncthreads();
+  }
+}
+
+// ---- 2. conv tail ---------------------------------------------------------------------------
+// tail[r] = row M - (K-1) + r of [tail | mixed]. In place: when that row is in the old tail it is
+// row M + r > r, which this thread has not overwritten yet.
+__global__ void gdn_chunk_tail_kernel(const float* __restrict__ mixed, float* tail, int C, int K, int M) {
+  pdl_trigger();
+  pdl_wait();
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int r = 0; r < K - 1; r++) {
+    const int q = M - (K - 1) + r;
+    tail[static_cast<size_t>(r) * C + c] =
+        q >= 0 ? mixed[static_cast<size_t>(q) * C + c] : tail[static_cast<size_t>(K - 1 + q) * C + c];
+  }
+}
+
+// ---- 3. sequential stage --------------------------------------------------------------------
+
+__device__ __forceinline__ void prefetch_l2(const float* p, size_t floats, int tid) {
+  const char* b = reinterpret_cast<const char*>(p);
+  for (size_t off = static_cast<size_t>(tid) * 128; off < floats * sizeof(float); off += kRecThreads * 128)
+    touch_l2(b + off);
+}
+
+template <int DK>
+__global__ void __launch_bounds__(kRecThreads) gdn_chunk_recur_kernel(const RecArgs a) {
+  constexpr int KS = DK / 8;   // k-steps over d_k
+  constexpr int JW = DK / 4;   // columns of S per warp in the update
+  constexpr int NJ = JW / 8;   // n-tiles of those columns
+  constexpr int LDS = DK + 4;  // row stride = 4 (mod 32): B-fragment reads of S hit 32 banks
+  constexpr int LDD = kRows + 8;  // row stride = 8 (mod 32): fragment reads of Delta hit 32 banks
+  __shared__ __align__(16) float Ss[kRows * LDS];  // S0 rows of this block
+  __shared__ __align__(16) float Ds[kC * LDD];     // Delta [s][i]
+  __shared__ float egs[kC], ers[kC];
+  pdl_trigger();
+  pdl_wait();
+  const int h = blockIdx.x, i0 = blockIdx.y * kRows, kh = h / a.ratio;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
+  float* Sg = a.S + (static_cast<size_t>(h) * a.dv + i0) * DK;
+  for (int e = tid; e < kRows * DK; e += kRecThreads) Ss[(e / DK) * LDS + e % DK] = Sg[e];
+  __syncthreads();
+  const int jw = warp * JW, s0 = 16 * warp;  // this warp's columns of S, rows of Delta and y
+  float sacc[2][NJ][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+    for (int nt = 0; nt < NJ; nt++) {
+      const int i = 16 * mt + g, j = jw + 8 * nt + 2 * q;
+      sacc[mt][nt][0] = Ss[i * LDS + j];
+      sacc[mt][nt][1] = Ss[i * LDS + j + 1];
+      sacc[mt][nt][2] = Ss[(i + 8) * LDS + j];
+      sacc[mt][nt][3] = Ss[(i + 8) * LDS + j + 1];
+    }
+
+  for (int c = 0; c < a.nc; c++) {
+    const int L = min(kC, a.M - c * kC);
+    const size_t hc = static_cast<size_t>(c) * a.Hv + h, kc = static_cast<size_t>(c) * a.Hk + kh;
+    const float* Wc = a.sc.w + hc * kC * DK;
+    const float* Qc = a.sc.qn + kc * kC * DK;
+    const float* Kc = a.sc.kn + kc * kC * DK;
+    const float* Uc = a.sc.u + hc * kC * a.dv + i0;
+    const float* Ac = a.sc.aqk + hc * kC * kC;
+    if (tid < kC) {
+      egs[tid] = a.sc.eg[hc * kC + tid];
+      ers[tid] = a.sc.er[hc * kC + tid];
+    }
+    if (c + 1 < a.nc) {  // the next chunk's operands into L2 while this one computes
+      prefetch_l2(Wc + static_cast<size_t>(a.Hv) * kC * DK, kC * DK, tid);
+      prefetch_l2(Qc + static_cast<size_t>(a.Hk) * kC * DK, kC * DK, tid);
+      prefetch_l2(Kc + static_cast<size_t>(a.Hk) * kC * DK, kC * DK, tid);
+      prefetch_l2(Ac + static_cast<size_t>(a.Hv) * kC * kC, kC * kC, tid);
+      if (tid < kC) touch_l2(Uc + static_cast<size_t>(a.Hv) * kC * a.dv + static_cast<size_t>(tid) * a.dv);
+    }
+    // (1) Delta = U - W S0^T and P = Q S0^T for rows s0..s0+15, all 32 columns
+    float dacc[4][4], pacc[4][4];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) dacc[nt][e] = pacc[nt][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+      const float* w0 = Wc + (s0 + g) * DK + 8 * ks + q;
+      const float* q0 = Qc + (s0 + g) * DK + 8 * ks + q;
+      const FragA fw = frag_a(w0[0], w0[8 * DK], w0[4], w0[8 * DK + 4]);
+      const FragA fq = frag_a(q0[0], q0[8 * DK], q0[4], q0[8 * DK + 4]);
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        const float* sr = Ss + (8 * nt + g) * LDS + 8 * ks + q;
+        const FragB fb = frag_b(sr[0], sr[4]);
+        mma3(dacc[nt], fw, fb);
+        mma3(pacc[nt], fq, fb);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++) {
+      const int i = 8 * nt + 2 * q, s = s0 + g;
+      Ds[s * LDD + i] = __fsub_rn(Uc[static_cast<size_t>(s) * a.dv + i], dacc[nt][0]);
+      Ds[s * LDD + i + 1] = __fsub_rn(Uc[static_cast<size_t>(s) * a.dv + i + 1], dacc[nt][1]);
+      Ds[(s + 8) * LDD + i] = __fsub_rn(Uc[static_cast<size_t>(s + 8) * a.dv + i], dacc[nt][2]);
+      Ds[(s + 8) * LDD + i + 1] = __fsub_rn(Uc[static_cast<size_t>(s + 8) * a.dv + i + 1], dacc[nt][3]);
+    }
+    __syncthreads();
+    // (2) y = e^G P + Aqk Delta for rows s0..s0+15; Aqk is 0 right of row s0+15, so k-steps
+    //     past it are skipped
+    {
+      const float e0 = egs[s0 + g], e1 = egs[s0 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        pacc[nt][0] = __fmul_rn(pacc[nt][0], e0);
+        pacc[nt][1] = __fmul_rn(pacc[nt][1], e0);
+        pacc[nt][2] = __fmul_rn(pacc[nt][2], e1);
+        pacc[nt][3] = __fmul_rn(pacc[nt][3], e1);
+      }
+      for (int ks = 0; ks < 2 * warp + 2; ks++) {
+        const float* a0 = Ac + (s0 + g) * kC + 8 * ks + q;
+        const FragA fa = frag_a(a0[0], a0[8 * kC], a0[4], a0[8 * kC + 4]);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+          const float* dr = Ds + (8 * ks + q) * LDD + 8 * nt + g;
+          mma3(pacc[nt], fa, frag_b(dr[0], dr[4 * LDD]));
+        }
+      }
+      float* yr = a.y + static_cast<size_t>(c) * kC * a.VD + static_cast<size_t>(h) * a.dv + i0;
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        const int i = 8 * nt + 2 * q;
+        if (s0 + g < L) {
+          yr[static_cast<size_t>(s0 + g) * a.VD + i] = pacc[nt][0];
+          yr[static_cast<size_t>(s0 + g) * a.VD + i + 1] = pacc[nt][1];
+        }
+        if (s0 + g + 8 < L) {
+          yr[static_cast<size_t>(s0 + g + 8) * a.VD + i] = pacc[nt][2];
+          yr[static_cast<size_t>(s0 + g + 8) * a.VD + i + 1] = pacc[nt][3];
+        }
+      }
+    }
+    // (3) S = e^{G_{L-1}} S + sum_s (Delta_s e^{G_{L-1} - G_s}) k_s^T (rows of Delta past L are 0)
+    {
+      const float gL = egs[L - 1];
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NJ; nt++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) sacc[mt][nt][e] = __fmul_rn(sacc[mt][nt][e], gL);
+#pragma unroll
+      for (int ks = 0; ks < kC / 8; ks++) {
+        const int s = 8 * ks + q;
+        const float r0 = ers[s], r1 = ers[s + 4];
+        FragA fa[2];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+          const float* d0 = Ds + s * LDD + 16 * mt + g;
+          fa[mt] = frag_a(__fmul_rn(d0[0], r0), __fmul_rn(d0[8], r0), __fmul_rn(d0[4 * LDD], r1),
+                          __fmul_rn(d0[4 * LDD + 8], r1));
+        }
+#pragma unroll
+        for (int nt = 0; nt < NJ; nt++) {
+          const float* k0 = Kc + s * DK + jw + 8 * nt + g;
+          const FragB fb = frag_b(k0[0], k0[4 * DK]);
+#pragma unroll
+          for (int mt = 0; mt < 2; mt++) mma3(sacc[mt][nt], fa[mt], fb);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NJ; nt++) {
+          const int i = 16 * mt + g, j = jw + 8 * nt + 2 * q;
+          Ss[i * LDS + j] = sacc[mt][nt][0];
+          Ss[i * LDS + j + 1] = sacc[mt][nt][1];
+          Ss[(i + 8) * LDS + j] = sacc[mt][nt][2];
+          Ss[(i + 8) * LDS + j + 1] = sacc[mt][nt][3];
+        }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+    for (int nt = 0; nt < NJ; nt++) {
+      const int i = 16 * mt + g, j = jw + 8 * nt + 2 * q;
+      Sg[static_cast<size_t>(i) * DK + j] = sacc[mt][nt][0];
+      Sg[static_cast<size_t>(i) * DK + j + 1] = sacc[mt][nt][1];
+      Sg[static_cast<size_t>(i + 8) * DK + j] = sacc[mt][nt][2];
+      Sg[static_cast<size_t>(i + 8) * DK + j + 1] = sacc[mt][nt][3];
+    }
+}
+
+size_t prep_smem_bytes(int dk) {
+  const int ldq = dk + 1;
+  return static_cast<size_t>(kPrepHead + 2 * kC * ldq + 2 * kC * kLdG + (ldq >= kLdA ? 0 : kC * kLdA)) *
+         sizeof(float);
+}
+
+}  // namespace
+
+int gdn_chunk_default_version() {
+  static const int v = [] {
+    const char* e = std::getenv("QFLASH_GDN_CHUNK");
+    if (!e || !*e || std::strcmp(e, "v2") == 0) return 2;
+    if (std::strcmp(e, "v1") == 0) return 1;
+    backend_fail("QFLASH_GDN_CHUNK=%s: expected v1 or v2", e);
+    return 2;
+  }();
+  return v;
+}
+
+bool gdn_chunk_supported(const GdnDims& d) {
+  return d.d_k > 0 && d.d_k <= kMaxD && d.d_k % 32 == 0 && d.d_v > 0 && d.d_v <= kMaxD && d.d_v % kRows == 0 &&
+         d.conv_kernel >= 1 && d.conv_kernel <= kConvMax && d.n_k_heads > 0 && d.n_v_heads % d.n_k_heads == 0;
+}
+
+size_t gdn_chunk_scratch_floats(const GdnDims& d, int M) {
+  const size_t rows = static_cast<size_t>((M + kC - 1) / kC) * kC;
+  return rows * (2 * static_cast<size_t>(d.n_k_heads) * d.d_k +
+                 static_cast<size_t>(d.n_v_heads) * (d.d_k + d.d_v + kC + 2));
+}
+
+GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* p) {
+  const size_t rows = static_cast<size_t>((M + kC - 1) / kC) * kC;
+  GdnChunkScratch s;
+  s.qn = p;
+  s.kn = s.qn + rows * d.n_k_heads * d.d_k;
+  s.w = s.kn + rows * d.n_k_heads * d.d_k;
+  s.u = s.w + rows * d.n_v_heads * d.d_k;
+  s.aqk = s.u + rows * d.n_v_heads * d.d_v;
+  s.eg = s.aqk + rows * d.n_v_heads * kC;
+  s.er = s.eg + rows * d.n_v_heads;
+  return s;
+}
+
+void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
+                 const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
+                 cudaStream_t st) {
+  gdn_chunked(mixed, alpha, beta_in, conv_w, A_log, dt_bias, d, state, y, M, scratch, st, gdn_chunk_default_version());
+}
+
+void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
+                 const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
+                 cudaStream_t st, int version) {
+  if (M <= 0) return;
+  if (version != 1 && version != 2) backend_fail("cuda gdn_chunked: kernel version %d (expected 1 or 2)", version);
+  if (!gdn_chunk_supported(d))
+    backend_fail("cuda gdn_chunked: unsupported dims (k heads %d, v heads %d, d_k %d, d_v %d, conv %d): d_k and d_v "
+                 "must be multiples of 32 up to %d, conv 1..%d, v heads a multiple of k heads",
+                 d.n_k_heads, d.n_v_heads, d.d_k, d.d_v, d.conv_kernel, kMaxD, kConvMax);
+  const int nc = (M + kC - 1) / kC;
+  if (nc > 65535) backend_fail("cuda gdn_chunked: %d rows exceed %d chunks of %d", M, 65535, kC);
+  const int C = d.conv_dim();
+  float* tail = state + d.s_floats();
+  PrepArgs pa;
+  gdn_common_args(pa, d, alpha, beta_in, A_log, dt_bias, M);
+  pa.mixed = mixed;
+  pa.conv_w = conv_w;
+  pa.tail = tail;
+  pa.sc = gdn_chunk_scratch_layout(d, M, scratch);
+  pa.K = d.conv_kernel;
+  pa.Hk = d.n_k_heads;
+  const size_t smem = prep_smem_bytes(d.d_k);
+  // The largest prep footprint (d_k = 128) is allowed once per device and kernel.
+  static std::atomic<uint64_t> prep1_set{0}, prep2_set{0};
+  if (version == 1) {
+    allow_smem(gdn_chunk_prep_kernel<2>, prep_smem_bytes(kMaxD), prep1_set);
+    launch_k(gdn_chunk_prep_kernel<2>, dim3(d.n_k_heads, nc), dim3(kPrepThreads), smem, st, pa);
+  } else {
+    allow_smem(gdn_chunk_prep_kernel<1>, prep_smem_bytes(kMaxD), prep2_set);
+    launch_k(gdn_chunk_prep_kernel<1>, dim3(d.n_k_heads, nc), dim3(kPrepThreads), smem, st, pa);
+  }
+  QF_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
+  if (d.conv_kernel > 1) {
+    launch_k(gdn_chunk_tail_kernel, dim3((C + 255) / 256), dim3(256), 0, st, mixed, tail, C, d.conv_kernel, M);
+    QF_CUDA_LAUNCH_CHECK("gdn_chunk_tail_kernel");
+  }
+  RecArgs ra;
+  ra.sc = pa.sc;
+  ra.S = state;
+  ra.y = y;
+  ra.M = M;
+  ra.nc = nc;
+  ra.Hk = d.n_k_heads;
+  ra.Hv = d.n_v_heads;
+  ra.ratio = pa.ratio;
+  ra.dv = d.d_v;
+  ra.VD = d.value_dim();
+  if (version != 1 && gdn_detail::launch_recur2(ra, d, st)) return;
+  const dim3 grid(d.n_v_heads, d.d_v / kRows);
+  switch (d.d_k) {
+    case 32: launch_k(gdn_chunk_recur_kernel<32>, grid, dim3(kRecThreads), 0, st, ra); break;
+    case 64: launch_k(gdn_chunk_recur_kernel<64>, grid, dim3(kRecThreads), 0, st, ra); break;
+    case 96: launch_k(gdn_chunk_recur_kernel<96>, grid, dim3(kRecThreads), 0, st, ra); break;
+    default: launch_k(gdn_chunk_recur_kernel<128>, grid, dim3(kRecThreads), 0, st, ra); break;
+  }
+  QF_CUDA_LAUNCH_CHECK("gdn_chunk_recur_kernel");
+}
+
+}  // namespace qf::cuda

@@ -1,0 +1,88 @@
+#include "runtime/depth_controller.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace qf {
+
+void DepthController::Mean::add(double x, int window) {
+  n++;
+  value += (x - value) / std::min(n, window);
+}
+
+void DepthController::Costs::add(double ms, int window) {
+  recent.push_back(ms);
+  if (static_cast<int>(recent.size()) > window) recent.erase(recent.begin());
+  std::vector<double> s = recent;
+  std::sort(s.begin(), s.end());
+  median = s[(s.size() - 1) / 2];
+}
+
+DepthController::DepthController(int max_k, const Params& p)
+    : max_k_(max_k), p_(p), accept_(max_k + 1), cost_(max_k + 1), wait_(p.probe_first) {
+  QF_CHECK(max_k >= 0 && p.accept_window >= 1 && p.cost_window >= 1 && p.probe_first >= 1 &&
+               p.probe_max >= p.probe_first,
+           "depth controller: max_k %d, windows %d/%d, probes %d..%d", max_k, p.accept_window, p.cost_window,
+           p.probe_first, p.probe_max);
+  for (Mean& m : accept_) m = {p.prior_accept, 1};
+}
+
+double DepthController::cost_estimate(int k) const {
+  if (cost_measured(k)) return cost_[k].median;
+  int lo = k - 1, hi = k + 1;
+  while (lo >= 0 && !cost_measured(lo)) lo--;
+  while (hi <= max_k_ && !cost_measured(hi)) hi++;
+  const bool has_lo = lo >= 0, has_hi = hi <= max_k_;
+  if (has_lo && has_hi)
+    return cost_[lo].median + (cost_[hi].median - cost_[lo].median) * (k - lo) / static_cast<double>(hi - lo);
+  if (has_lo) return cost_[lo].median;
+  if (has_hi) return cost_[hi].median;
+  return 0;  // nothing measured: choose() runs a plain step first, so rate() never sees this
+}
+
+double DepthController::expected_accepted(int k) const {
+  double e = 0, run = 1;
+  for (int i = 1; i <= k; i++) {
+    run *= accept_[i].value;
+    e += run;
+  }
+  return e;
+}
+
+int DepthController::best_drafting_k(int K) const {
+  int best = 1;
+  for (int k = 2; k <= K; k++)
+    if (rate(k) > rate(best)) best = k;
+  return best;
+}
+
+int DepthController::choose(int limit) {
+  probing_ = false;
+  const int K = std::min(max_k_, limit);
+  if (K <= 0 || !cost_measured(0)) return 0;
+  const int best = best_drafting_k(K);
+  if (rate(best) > rate(0)) return best;
+  if (plain_run_ < wait_) return 0;
+  probing_ = true;
+  return best;
+}
+
+void DepthController::record(int k, int accepted, double cost_ms) {
+  QF_CHECK(k >= 0 && k <= max_k_ && accepted >= 0 && accepted <= k, "depth controller: round k %d, accepted %d",
+           k, accepted);
+  cost_[k].add(std::max(cost_ms, 1e-9), p_.cost_window);
+  if (k == 0) {
+    plain_run_++;
+    return;
+  }
+  // Draft i was judged only if drafts 1..i-1 were kept: positions 1..a were accepted, a+1 was not.
+  for (int i = 1; i <= std::min(accepted + 1, k); i++) accept_[i].add(i <= accepted ? 1.0 : 0.0, p_.accept_window);
+  plain_run_ = 0;
+  // A probe that leaves plain steps ahead doubles the wait before the next one.
+  const bool drafting_wins = rate(best_drafting_k(max_k_)) > rate(0);
+  wait_ = probing_ && !drafting_wins ? std::min(2 * wait_, p_.probe_max) : p_.probe_first;
+  probing_ = false;
+}
+
+}  // namespace qf

@@ -1,0 +1,77 @@
+// Adaptive draft depth (--draft-k auto, docs/DESIGN.md "Adaptive draft depth"): before each round
+// the controller picks k, the drafts to propose (0 = a plain decode step), to maximise expected
+// tokens per second under a running model of acceptance and of the round's cost:
+//
+//   E[k]    = sum_{j=1..k} prod_{i=1..j} p_i     p_i ~ P(draft i accepted | draft i-1 accepted)
+//   rate(k) = (E[k] + 1) / cost(k)               the +1 is the target's own token (the bonus)
+//
+// cost(k) is the measured wall time of a round that drafted k (draft pass, the source's catch-up
+// and observe, verify of k+1 rows, accept and rollback), k = 0 being a plain step: the lower
+// median of that depth's last `cost_window` rounds, so that a one-off (a CUDA graph being recorded,
+// the previous round's observe finishing inside this one) does not move it and it follows the
+// context length as it grows; a depth not yet run is interpolated between its measured
+// neighbours. p_i is a short running average of the verdicts of draft i. A controller that stopped drafting would never see
+// acceptance again, so while plain steps win it probes: after `probe_first` plain steps it
+// drafts once at the best k > 0, and each probe that leaves plain ahead doubles the wait (up
+// to `probe_max`).
+//
+// Decisions are a pure function of the recorded (k, accepted, cost) triples: with the costs
+// injected (GenerateOptions::round_cost) a run's k sequence is reproducible.
+#pragma once
+#include <vector>
+
+namespace qf {
+
+class DepthController {
+ public:
+  struct Params {
+    double prior_accept = 0.5;  // p_i before draft i was ever judged (one pseudo-sample)
+    // p_i: a running mean up to accept_window samples, then an EWMA(1/accept_window). Short, so
+    // that a change of text (or of forced acceptance) is followed within ~10 rounds.
+    int accept_window = 4;
+    int cost_window = 8;        // rounds of one depth whose median is its cost
+    int probe_first = 4;        // plain steps before the first probe
+    int probe_max = 64;         // longest wait between probes (~1% of plain speed at 27B, see DESIGN)
+  };
+  explicit DepthController(int max_k) : DepthController(max_k, Params{}) {}
+  DepthController(int max_k, const Params& p);
+
+  // The depth of the next round, 0..min(max_k, limit). The first round is a plain step (its cost
+  // anchors every comparison).
+  int choose(int limit);
+  // What the round chose by choose() gave: its depth, the drafts kept, and its cost (ms).
+  void record(int k, int accepted, double cost_ms);
+
+  // ---- the model as it stands (tests, docs)
+  int max_k() const { return max_k_; }
+  double accept_estimate(int i) const { return accept_[i].value; }  // p_i, i in 1..max_k
+  bool cost_measured(int k) const { return !cost_[k].recent.empty(); }
+  double cost_estimate(int k) const;                                 // measured or interpolated
+  double expected_accepted(int k) const;                             // E[k]
+  double rate(int k) const { return (expected_accepted(k) + 1.0) / cost_estimate(k); }
+  bool probing() const { return probing_; }  // the last choose() was a probe
+  int probe_wait() const { return wait_; }
+
+ private:
+  struct Mean {
+    double value = 0;
+    int n = 0;  // samples so far (the prior counts as one)
+    void add(double x, int window);
+  };
+  struct Costs {
+    std::vector<double> recent;  // [<= window] the last rounds' costs, oldest first
+    double median = 0;           // their lower median
+    void add(double ms, int window);
+  };
+  int best_drafting_k(int K) const;  // argmax of rate over 1..K (ties: the smaller k)
+
+  int max_k_;
+  Params p_;
+  std::vector<Mean> accept_;  // [max_k+1]: index i = draft position i (index 0 unused)
+  std::vector<Costs> cost_;   // [max_k+1]: index k = round depth
+  int plain_run_ = 0;         // plain steps since the last drafting round
+  int wait_;                  // plain steps before the next probe
+  bool probing_ = false;
+};
+
+}  // namespace qf

@@ -1,0 +1,426 @@
+// Backend op table, dense ops: matmul (bf16 / f16 / f32 / int4 weights, and the backend's own
+// GEMV layout where it has one), matmul_group, gemm (the prefill GEMM), the model-size shapes,
+// and embed. Every result is checked against a float64 reference (support/op_reference.h) within
+// the tolerance table (support/tolerance.h), and each op's row-invariance on the backend itself:
+// row m of an M-row call is bit-identical to that row computed alone. Naming and filters:
+// support/op_harness.h.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "support/op_harness.h"
+#include "support/op_reference.h"
+#include "support/tolerance.h"
+
+namespace qf::test {
+namespace {
+
+std::string shape_name(DType dt, int64_t N, int64_t K, int group = 0) {
+  return dt == DType::U32 ? cat(dtype_tag(dt), "_N", N, "_K", K, "_g", group) : cat(dtype_tag(dt), "_N", N, "_K", K);
+}
+
+// Row counts of the invariance sweep: every M of one and two 8-token tiles, then several passes
+// (support/op_harness.h, sweep()).
+const std::vector<int> kRowCounts = {2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 21, 24, 33, 40};
+const std::vector<int> kRowCountsSparse = {2, 5, 8, 9, 16, 17};
+
+// Runs `mm` (a matmul-like call y = f(x) of `rows` outputs per input row) on every input row alone
+// and returns the [maxM, rows] results.
+template <class F>
+std::vector<float> rows_alone(Backend& be, F mm, const DeviceBuffer& dx, int64_t K, int64_t rows, int maxM) {
+  std::vector<float> one(static_cast<size_t>(maxM) * rows);
+  Out y(be, rows);
+  for (int m = 0; m < maxM; m++) {
+    y.repoison();
+    mm(dx.f() + static_cast<size_t>(m) * K, y.f(), 1);
+    const auto r = y.floats("row " + std::to_string(m) + " alone");
+    std::copy(r.begin(), r.end(), one.begin() + static_cast<size_t>(m) * rows);
+  }
+  return one;
+}
+
+// For each M: rows [off, off + M) in one call equal the same rows computed alone, bit for bit
+// (off = 0 and off = maxM - M, so every row position is exercised).
+template <class F>
+void expect_row_invariant(Backend& be, F mm, const DeviceBuffer& dx, int64_t K, int64_t rows,
+                          const std::vector<float>& one, const std::vector<int>& Ms, const std::string& what) {
+  const int maxM = static_cast<int>(one.size() / rows);
+  for (int M : Ms) {
+    if (M > maxM) continue;
+    for (int off : {0, maxM - M}) {
+      Out y(be, static_cast<size_t>(M) * rows);
+      mm(dx.f() + static_cast<size_t>(off) * K, y.f(), M);
+      const std::string tag = what + " M=" + std::to_string(M) + " rows " + std::to_string(off) + "..";
+      EXPECT_TRUE(same_bits(y.floats(tag).data(), one.data() + static_cast<size_t>(off) * rows,
+                            static_cast<size_t>(M) * rows, tag + " vs each row alone"));
+      if (off == maxM - M) break;
+    }
+  }
+}
+
+// matmul: the M = 1 results against float64, every other M against them bit for bit, and
+// activations at an address that is not 16-byte aligned (a GPU restages them) too.
+void check_matmul(Backend& be, DType dt, int64_t N, int64_t K, int group) {
+  const HostWeight W = random_weight(dt, N, K, 10 + N + K, group);
+  const DevWeight dw = upload_weight(be, W);
+  const std::vector<int> Ms = sweep(be, kRowCounts, kRowCountsSparse);
+  const int maxM = Ms.back();
+  const auto x = randn(static_cast<size_t>(maxM) * K, 20 + K);
+  const DeviceBuffer dx = to_device(be, x);
+  auto mm = [&](const float* xp, float* yp, int M) { be.matmul(dw.ref, xp, yp, M); };
+  const auto one = rows_alone(be, mm, dx, K, N, maxM);
+  const Ref ref = ref_matmul(W, x, maxM);
+  EXPECT_TRUE(within(one, ref.y, ref.tol, "matmul rows vs float64"));
+  expect_row_invariant(be, mm, dx, K, N, one, Ms, "matmul");
+  const int M = 5;
+  DeviceBuffer odd(&be, (static_cast<size_t>(M) * K + 1) * sizeof(float));
+  be.copy(odd.f() + 1, dx.f(), static_cast<size_t>(M) * K * sizeof(float));
+  Out y(be, static_cast<size_t>(M) * N);
+  be.matmul(dw.ref, odd.f() + 1, y.f(), M);
+  EXPECT_TRUE(same_bits(y.floats("misaligned x").data(), one.data(), static_cast<size_t>(M) * N, "misaligned x"));
+}
+
+std::vector<OpCase> matmul_cases() {
+  struct S {
+    int64_t N, K;
+  };
+  std::vector<OpCase> cs;
+  // odd sizes (lane tails), one 64-column chunk, the 27B's widths, a 1024-row weight
+  const std::vector<S> dense = {{37, 203}, {64, 512}, {48, 5120}, {300, 1000}, {1024, 4096}, {5, 8}, {129, 776}, {37, 256}};
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (const S& s : dense)
+      cs.push_back({shape_name(dt, s.N, s.K), [=](Backend& be) { check_matmul(be, dt, s.N, s.K, 0); }});
+  struct Q {
+    int64_t N, K;
+    int group;
+  };
+  for (const Q& q : {Q{64, 512, 64}, Q{40, 200, 40}, Q{128, 4096, 128}, Q{33, 1024, 32}, Q{300, 5120, 64}, Q{37, 256, 64},
+                     Q{48, 5120, 64}, Q{1024, 4096, 64}})
+    cs.push_back({shape_name(DType::U32, q.N, q.K, q.group),
+                  [=](Backend& be) { check_matmul(be, DType::U32, q.N, q.K, q.group); }});
+  return cs;
+}
+QF_OP_SUITE(Matmul, matmul_cases);
+
+// The backend's own GEMV layout (Backend::relayout_matrix; CUDA: kTc32x64 for tensor-core
+// eligible bf16 weights): the same bits as the row-major weight for every M, and so the same
+// accuracy. Accelerator backends only (the CPU reads row-major weights).
+void check_matmul_relayout(Backend& be, int64_t N, int64_t K) {
+  const HostWeight W = random_weight(DType::BF16, N, K, 300 + N, 0);
+  const DevWeight dw = upload_weight(be, W);
+  WeightRef wt = dw.ref;
+  const void* tiled = be.relayout_matrix(dw.ref, &wt.layout);
+  ASSERT_NE(tiled, nullptr) << "backend " << be.name() << " kept row-major weights for " << N << "x" << K;
+  wt.data = tiled;
+  EXPECT_NE(wt.layout, WeightRef::kRowMajor);
+  const int maxM = 16;
+  const auto x = randn(static_cast<size_t>(maxM) * K, 31);
+  const DeviceBuffer dx = to_device(be, x);
+  auto row_major = [&](const float* xp, float* yp, int M) { be.matmul(dw.ref, xp, yp, M); };
+  auto relaid = [&](const float* xp, float* yp, int M) { be.matmul(wt, xp, yp, M); };
+  const auto one = rows_alone(be, row_major, dx, K, N, maxM);
+  const Ref ref = ref_matmul(W, x, maxM);
+  EXPECT_TRUE(within(one, ref.y, ref.tol, "row-major rows vs float64"));
+  expect_row_invariant(be, relaid, dx, K, N, one, {1, 2, 5, 8, 9, 16}, "relaid weight");
+  be.release_weight(tiled);
+}
+
+// bf16 pieces per activation of the int4 tensor-core GEMV (QFLASH_TC_Q4_PIECES, read by the
+// kernel too: 3 is exact, else 2).
+int int4_tc_pieces() {
+  const char* e = std::getenv("QFLASH_TC_Q4_PIECES");
+  return e && std::strcmp(e, "3") == 0 ? 3 : 2;
+}
+
+// int4 in the backend's own layout (CUDA: kTcQ4, the int4 tensor-core GEMV): every row alone
+// against float64 within that form's bound (tol::matmul_int4_tc), and each row's bits the same
+// for every M of one and two token tiles and several passes, misaligned activations included.
+void check_matmul_relayout_int4(Backend& be, int64_t N, int64_t K, int group) {
+  const HostWeight W = random_weight(DType::U32, N, K, 900 + N + K, group);
+  const DevWeight dw = upload_weight(be, W);
+  WeightRef wt = dw.ref;
+  const void* tiled = be.relayout_matrix(dw.ref, &wt.layout);
+  ASSERT_NE(tiled, nullptr) << "backend " << be.name() << " kept row-major int4 weights for " << N << "x" << K;
+  wt.data = tiled;
+  wt.scales = wt.biases = nullptr;  // the tiles hold them (WeightRef::kTcQ4)
+  EXPECT_NE(wt.layout, WeightRef::kRowMajor);
+  const int maxM = 40;
+  const auto x = randn(static_cast<size_t>(maxM) * K, 37 + K);
+  const DeviceBuffer dx = to_device(be, x);
+  auto relaid = [&](const float* xp, float* yp, int M) { be.matmul(wt, xp, yp, M); };
+  const auto one = rows_alone(be, relaid, dx, K, N, maxM);
+  const Ref ref = ref_matmul_int4_tc(W, x, maxM, int4_tc_pieces());
+  EXPECT_TRUE(within(one, ref.y, ref.tol, "int4 tiles, rows vs float64"));
+  expect_row_invariant(be, relaid, dx, K, N, one, kRowCounts, "int4 tiles");
+  const int M = 5;
+  DeviceBuffer odd(&be, (static_cast<size_t>(M) * K + 1) * sizeof(float));
+  be.copy(odd.f() + 1, dx.f(), static_cast<size_t>(M) * K * sizeof(float));
+  Out y(be, static_cast<size_t>(M) * N);
+  be.matmul(wt, odd.f() + 1, y.f(), M);
+  EXPECT_TRUE(same_bits(y.floats("misaligned x").data(), one.data(), static_cast<size_t>(M) * N, "int4 tiles, misaligned x"));
+  be.release_weight(tiled);
+}
+
+std::vector<OpCase> relayout_cases() {
+  std::vector<OpCase> cs;
+  // rows not multiples of 32 are padded in the tiled layout; 4100 x 128: many tiles, one chunk
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{48, 5120}, {1000, 4096}, {37, 256}, {4100, 128}, {5, 64}})
+    cs.push_back({shape_name(DType::BF16, N, K), [=](Backend& be) { check_matmul_relayout(be, N, K); }, false, true});
+  // int4: each group size, padded row tiles, one unit (K = 64 or G), the 27B's widths
+  struct Q {
+    int64_t N, K;
+    int group;
+  };
+  for (const Q& q : {Q{64, 512, 64}, Q{37, 256, 64}, Q{33, 1024, 32}, Q{300, 1024, 128}, Q{5, 64, 64}, Q{48, 5120, 64},
+                     Q{1000, 4096, 64}, Q{130, 128, 128}})
+    cs.push_back({shape_name(DType::U32, q.N, q.K, q.group),
+                  [=](Backend& be) { check_matmul_relayout_int4(be, q.N, q.K, q.group); }, false, true});
+  return cs;
+}
+QF_OP_SUITE(MatmulRelayout, relayout_cases);
+
+// matmul_group: several weights reading one x (a GPU runs eligible groups as one launch): each
+// output against float64, and row-invariance of every output. With `relaid`, the weights first
+// take the backend's own layout where it has one.
+void check_matmul_group(Backend& be, const std::vector<int64_t>& rows, int64_t K, DType dt, bool relaid) {
+  const int n = static_cast<int>(rows.size());
+  std::vector<HostWeight> hw;
+  std::vector<DevWeight> dw;
+  std::vector<WeightRef> refs(n);
+  std::vector<const void*> tiled(n, nullptr);
+  for (int i = 0; i < n; i++) {
+    hw.push_back(random_weight(dt, rows[i], K, 500 + 7 * i + rows[i], 64));
+    dw.push_back(upload_weight(be, hw.back()));
+    refs[i] = dw.back().ref;
+    if (relaid) {
+      tiled[i] = be.relayout_matrix(dw.back().ref, &refs[i].layout);
+      if (!tiled[i]) {
+        for (const void* t : tiled)
+          if (t) be.release_weight(t);
+        FAIL() << "backend " << be.name() << " kept row-major weights for this group";
+      }
+      refs[i].data = tiled[i];
+      if (refs[i].layout == WeightRef::kTcQ4) refs[i].scales = refs[i].biases = nullptr;
+    }
+  }
+  std::vector<const WeightRef*> wp(n);
+  for (int i = 0; i < n; i++) wp[i] = &refs[i];
+  const int maxM = 21;
+  const auto x = randn(static_cast<size_t>(maxM) * K, 123);
+  const DeviceBuffer dx = to_device(be, x);
+  // run(M, off): rows off .. off + M - 1 through the group; one output vector per weight
+  auto run = [&](int M, int off) {
+    std::vector<Out> outs;
+    std::vector<float*> yp;
+    for (int i = 0; i < n; i++) outs.emplace_back(be, static_cast<size_t>(M) * rows[i]);
+    for (auto& o : outs) yp.push_back(o.f());
+    be.matmul_group(wp.data(), yp.data(), n, dx.f() + static_cast<size_t>(off) * K, M);
+    std::vector<std::vector<float>> r;
+    for (int i = 0; i < n; i++) r.push_back(outs[i].floats("group weight " + std::to_string(i)));
+    return r;
+  };
+  std::vector<std::vector<float>> one(n);
+  for (int m = 0; m < maxM; m++) {
+    auto r = run(1, m);
+    for (int i = 0; i < n; i++) one[i].insert(one[i].end(), r[i].begin(), r[i].end());
+  }
+  for (int i = 0; i < n; i++) {
+    const Ref ref = relaid && dt == DType::U32 ? ref_matmul_int4_tc(hw[i], x, maxM, int4_tc_pieces())
+                                               : ref_matmul(hw[i], x, maxM);
+    EXPECT_TRUE(within(one[i], ref.y, ref.tol, "group weight " + std::to_string(i) + " vs float64"));
+  }
+  for (int M : {2, 5, 8, 9, 16, 21}) {
+    const int off = maxM - M;
+    auto r = run(M, off);
+    for (int i = 0; i < n; i++)
+      EXPECT_TRUE(same_bits(r[i].data(), one[i].data() + static_cast<size_t>(off) * rows[i], r[i].size(),
+                            "group weight " + std::to_string(i) + " M=" + std::to_string(M) + " vs rows alone"));
+  }
+  for (const void* t : tiled)
+    if (t) be.release_weight(t);
+}
+
+std::vector<OpCase> group_cases() {
+  struct G {
+    const char* name;
+    std::vector<int64_t> rows;
+    int64_t K;
+    DType dt;
+  };
+  // qkv-like and MLP-like bf16 groups, a 2-weight group, cols % 64 != 0 (one matmul each), f32
+  const std::vector<G> gs = {{"bf16_qkvz_K512", {300, 64, 48, 48}, 512, DType::BF16},
+                             {"bf16_mlp_K4096", {1024, 256, 256}, 4096, DType::BF16},
+                             {"bf16_pair_K256", {37, 5}, 256, DType::BF16},
+                             {"bf16_pair_K200", {64, 40}, 200, DType::BF16},
+                             {"f32_pair_K512", {64, 64}, 512, DType::F32},
+                             {"int4_pair_K512", {64, 32}, 512, DType::U32},
+                             {"int4_qkv_K1024", {300, 64, 40}, 1024, DType::U32}};
+  std::vector<OpCase> cs;
+  for (const G& g : gs) {
+    cs.push_back({g.name, [=](Backend& be) { check_matmul_group(be, g.rows, g.K, g.dt, false); }});
+    if ((g.dt == DType::BF16 || g.dt == DType::U32) && g.K % 64 == 0)
+      cs.push_back({cat(g.name, "_relaid"), [=](Backend& be) { check_matmul_group(be, g.rows, g.K, g.dt, true); }, false, true});
+  }
+  return cs;
+}
+QF_OP_SUITE(MatmulGroup, group_cases);
+
+// gemm, the prefill GEMM: y = bf16(x) W^T with fp32 accumulation, row-invariant for any M
+// (prefill-sized M included). A backend still on the default (gemm = matmul, activations not
+// rounded) gives exactly matmul's bits; that case skips the bf16 check and says so, while any
+// other result must meet the bf16 contract.
+void check_gemm(Backend& be, DType dt, int64_t N, int64_t K, int group) {
+  const HostWeight W = random_weight(dt, N, K, 700 + N + K, group);
+  const DevWeight dw = upload_weight(be, W);
+  const int maxM = 150;
+  const auto x = randn(static_cast<size_t>(maxM) * K, 41 + K);
+  const DeviceBuffer dx = to_device(be, x);
+  auto gm = [&](const float* xp, float* yp, int M) { be.gemm(dw.ref, xp, yp, M); };
+  const auto one = rows_alone(be, gm, dx, K, N, maxM);
+  expect_row_invariant(be, gm, dx, K, N, one, {2, 7, 16, 63, 64, 65, 100, 150}, "gemm");
+  const Ref ref = ref_matmul(W, x, maxM, /*bf16_x=*/true);
+  const auto verdict = within(one, ref.y, ref.tol, "gemm rows vs float64 of bf16(x) W^T");
+  if (!verdict) {
+    auto mm = [&](const float* xp, float* yp, int M) { be.matmul(dw.ref, xp, yp, M); };
+    const auto mm_one = rows_alone(be, mm, dx, K, N, maxM);
+    if (same_bits(one, mm_one, "gemm vs matmul"))
+      ADD_FAILURE() << "gemm on " << be.name() << " is the matmul fallback (activations not rounded to bf16)";
+  }
+  EXPECT_TRUE(verdict);
+}
+
+// gemm on int4 in the backend's own layout (CUDA: the int4 tensor-core kernel, 32-token passes
+// for M > 16): row-invariant across pass widths, within float64 of bf16(x) W^T, and the bits of
+// matmul on the bf16-rounded activations (the contract's function, run at M = 1..16 widths).
+void check_gemm_int4_relaid(Backend& be, int64_t N, int64_t K, int group) {
+  const HostWeight W = random_weight(DType::U32, N, K, 950 + N + K, group);
+  const DevWeight dw = upload_weight(be, W);
+  WeightRef wt = dw.ref;
+  const void* tiled = be.relayout_matrix(dw.ref, &wt.layout);
+  ASSERT_NE(tiled, nullptr) << "backend " << be.name() << " kept row-major int4 weights for " << N << "x" << K;
+  wt.data = tiled;
+  wt.scales = wt.biases = nullptr;
+  const int maxM = 150;
+  const auto x = randn(static_cast<size_t>(maxM) * K, 43 + K);
+  const DeviceBuffer dx = to_device(be, x);
+  auto gm = [&](const float* xp, float* yp, int M) { be.gemm(wt, xp, yp, M); };
+  const auto one = rows_alone(be, gm, dx, K, N, maxM);
+  expect_row_invariant(be, gm, dx, K, N, one, {2, 7, 16, 17, 31, 32, 33, 63, 64, 65, 100, 150}, "int4 gemm");
+  const Ref ref = ref_matmul_int4_tc(W, x, maxM, 1, /*bf16_x=*/true);
+  EXPECT_TRUE(within(one, ref.y, ref.tol, "int4 gemm rows vs float64 of bf16(x) W^T"));
+  std::vector<float> xb(x.size());
+  for (size_t i = 0; i < x.size(); i++) xb[i] = static_cast<float>(bf16_value(bf16_round(x[i])));
+  const DeviceBuffer dxb = to_device(be, xb);
+  Out y(be, static_cast<size_t>(maxM) * N);
+  be.matmul(wt, dxb.f(), y.f(), maxM);
+  EXPECT_TRUE(same_bits(y.floats("matmul of bf16(x)"), one, "int4 gemm vs matmul of bf16(x)"));
+  be.release_weight(tiled);
+}
+
+std::vector<OpCase> gemm_cases() {
+  std::vector<OpCase> cs;
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{64, 512}, {300, 1000}, {48, 5120}, {37, 203}, {129, 776}})
+    cs.push_back({shape_name(DType::BF16, N, K), [=](Backend& be) { check_gemm(be, DType::BF16, N, K, 0); }});
+  cs.push_back({shape_name(DType::F32, 37, 203), [](Backend& be) { check_gemm(be, DType::F32, 37, 203, 0); }});
+  cs.push_back({shape_name(DType::U32, 64, 512, 64), [](Backend& be) { check_gemm(be, DType::U32, 64, 512, 64); }});
+  for (auto [N, K, g] : std::vector<std::tuple<int64_t, int64_t, int>>{{64, 512, 64}, {300, 1024, 128}, {37, 2048, 32}})
+    cs.push_back({cat(shape_name(DType::U32, N, K, g), "_relaid"), [=](Backend& be) { check_gemm_int4_relaid(be, N, K, g); },
+                  false, true});
+  return cs;
+}
+QF_OP_SUITE(Gemm, gemm_cases);
+
+// Model-size shapes (accelerators only): the lm_head (248320 x 5120) and the MLP projections,
+// weights made with fill_random so the host can recompute any row: 300 sampled rows (and the
+// first and last two) against float64, and the M = 8 call against M = 1 calls bit for bit.
+void check_matmul_full_size(Backend& be, int64_t N, int64_t K) {
+  const size_t n = static_cast<size_t>(N) * K;
+  const uint64_t seed = 77 + N;
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(K));
+  DeviceBuffer w(&be, n * 2);
+  be.fill_random(w.get(), n, DType::BF16, seed, wscale);
+  WeightRef W;
+  W.dtype = DType::BF16;
+  W.rows = N;
+  W.cols = K;
+  W.data = w.get();
+  const int M = 8;
+  const auto x = randn(static_cast<size_t>(M) * K, 90);
+  const DeviceBuffer dx = to_device(be, x);
+  Out y(be, static_cast<size_t>(M) * N);
+  be.matmul(W, dx.f(), y.f(), M);
+  const auto all = y.floats("M=8");
+  Out y1(be, N);
+  for (int m = 0; m < M; m++) {
+    y1.repoison();
+    be.matmul(W, dx.f() + static_cast<size_t>(m) * K, y1.f(), 1);
+    EXPECT_TRUE(same_bits(y1.floats("M=1").data(), all.data() + static_cast<size_t>(m) * N, N,
+                          "row " + std::to_string(m) + " alone vs the M=8 call"));
+  }
+  std::vector<int64_t> sample = {0, 1, N - 1, N - 2};
+  uint64_t s = 3;
+  for (int i = 0; i < 300; i++) sample.push_back(static_cast<int64_t>((s = splitmix64(s)) % N));
+  std::vector<float> got;
+  std::vector<double> ref, tol;
+  const double c = tol::matmul(K);
+  for (int64_t r : sample) {
+    const auto bytes = ref_fill_random(static_cast<size_t>(r) * K, K, DType::BF16, seed, wscale);
+    for (int m = 0; m < M; m++) {
+      double acc = 0, ss = 0;
+      for (int64_t k = 0; k < K; k++) {
+        uint16_t h;
+        std::memcpy(&h, bytes.data() + 2 * k, 2);
+        const double t = bf16_value(h) * x[static_cast<size_t>(m) * K + k];
+        acc += t;
+        ss += t * t;
+      }
+      got.push_back(all[static_cast<size_t>(m) * N + r]);
+      ref.push_back(acc);
+      tol.push_back(c * std::sqrt(ss));
+    }
+  }
+  EXPECT_TRUE(within(got, ref, tol, "sampled rows vs float64"));
+}
+
+std::vector<OpCase> full_size_cases() {
+  std::vector<OpCase> cs;
+  for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{248320, 5120}, {5120, 17408}, {17408, 5120}})
+    cs.push_back({shape_name(DType::BF16, N, K), [=](Backend& be) { check_matmul_full_size(be, N, K); }, true});
+  return cs;
+}
+QF_OP_SUITE(MatmulFullSize, full_size_cases);
+
+// embed: rows of the table as f32, bit for bit (int4: q * s + b rounded once to fp32, which is
+// what fp32 arithmetic gives since q * s is exact).
+void check_embed(Backend& be, DType dt) {
+  const int V = 300, H = 256;
+  const HostWeight E = random_weight(dt, V, H, 4, 64);
+  const DevWeight dE = upload_weight(be, E);
+  const std::vector<int32_t> ids = {0, 299, 17, 17, 5, 123, 298, 1, 64};
+  const int M = static_cast<int>(ids.size());
+  const DeviceBuffer dids = to_device(be, ids);
+  Out out(be, static_cast<size_t>(M) * H);
+  be.embed(dE.ref, dids.i(), out.f(), M);
+  std::vector<float> want(static_cast<size_t>(M) * H);
+  for (int m = 0; m < M; m++)
+    for (int c = 0; c < H; c++) want[static_cast<size_t>(m) * H + c] = static_cast<float>(E.at(ids[m], c));
+  EXPECT_TRUE(same_bits(out.floats("embed"), want, "embed rows"));
+}
+
+std::vector<OpCase> embed_cases() {
+  std::vector<OpCase> cs;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32, DType::U32})
+    cs.push_back({dtype_tag(dt), [=](Backend& be) { check_embed(be, dt); }});
+  return cs;
+}
+QF_OP_SUITE(Embed, embed_cases);
+
+}  // namespace
+}  // namespace qf::test

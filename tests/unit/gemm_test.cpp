@@ -1,0 +1,330 @@
+// Backend::gemm, the prefill GEMM: y[m, r] = sum_c bf16(x[m, c]) * W[r, c] in fp32.
+//
+// Tolerance. A product of two bf16 values is exact in fp32, so an implementation differs from
+// the exact sum only by its additions: whatever their order, |fl(sum p_c) - sum p_c| <=
+// gamma_{K-1} * sum |p_c| with gamma_n = n u / (1 - n u). u = 2^-24 for round-to-nearest (the
+// CPU); u = 2^-23 covers tensor cores that truncate inside their fp32 accumulation. Two
+// implementations then differ by at most the sum of their bounds. A wrong pairing of x and W
+// (a layout or transpose bug) errs by about |y| ~ sum|p| / sqrt(K), far above these bounds for
+// the K used here; so does skipping the bf16 rounding at small K (checked below).
+//
+// CUDA tests (CudaGemm.*) skip when no GPU is present; on the H200 they also check that a row's
+// bits do not depend on M or on the row's place in the batch, for the 27B shapes.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/backend.h"
+#include "core/dtype.h"
+
+#if QFLASH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#endif
+
+namespace qf {
+namespace {
+
+double gamma_n(int64_t n, double u) { return n * u / (1.0 - n * u); }
+
+std::vector<float> randn(size_t n, uint64_t seed, float s = 1.0f) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd(0, s);
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(rng);
+  return v;
+}
+
+std::vector<uint16_t> rand_bf16(size_t n, uint64_t seed, float s) {
+  auto f = randn(n, seed, s);
+  std::vector<uint16_t> w(n);
+  for (size_t i = 0; i < n; i++) w[i] = f32_to_bf16(f[i]);
+  return w;
+}
+
+WeightRef bf16_ref(const std::vector<uint16_t>& w, int64_t rows, int64_t cols) {
+  WeightRef r;
+  r.dtype = DType::BF16;
+  r.rows = rows;
+  r.cols = cols;
+  r.data = w.data();
+  return r;
+}
+
+// Exact (double) sums of the products and of their magnitudes; `round` applies bf16 to x first.
+struct Ref {
+  std::vector<double> y, mag;
+};
+Ref reference(const std::vector<uint16_t>& w, const std::vector<float>& x, int64_t N, int64_t K, int M, bool round) {
+  Ref r;
+  r.y.resize(static_cast<size_t>(M) * N);
+  r.mag.resize(r.y.size());
+  for (int m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double s = 0, a = 0;
+      for (int64_t c = 0; c < K; c++) {
+        const float xv = x[m * K + c];
+        const double xd = round ? bf16_to_f32(f32_to_bf16(xv)) : xv;
+        const double p = xd * bf16_to_f32(w[n * K + c]);
+        s += p;
+        a += std::fabs(p);
+      }
+      r.y[m * N + n] = s;
+      r.mag[m * N + n] = a;
+    }
+  return r;
+}
+
+// Elements of `got` outside bound(i) = g * mag[i] of ref.y (NaN counts as outside).
+size_t outside(const std::vector<float>& got, const Ref& ref, double g) {
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); i++)
+    if (!(std::fabs(got[i] - ref.y[i]) <= g * ref.mag[i])) bad++;
+  return bad;
+}
+
+TEST(CpuGemm, MatchesExactSumOfRoundedActivations) {
+  auto be = make_cpu_backend();
+  struct Shape {
+    int64_t N, K;
+    int M;
+  };
+  for (const Shape s : {Shape{37, 96, 5}, Shape{64, 1024, 3}, Shape{5, 8, 9}, Shape{130, 200, 17}}) {
+    auto w = rand_bf16(s.N * s.K, 11 + s.K, 0.05f);
+    auto x = randn(static_cast<size_t>(s.M) * s.K, 7 + s.N);
+    std::vector<float> y(static_cast<size_t>(s.M) * s.N);
+    be->gemm(bf16_ref(w, s.N, s.K), x.data(), y.data(), s.M);
+    const double g = gamma_n(s.K - 1, std::ldexp(1.0, -24));
+    EXPECT_EQ(outside(y, reference(w, x, s.N, s.K, s.M, true), g), 0u) << s.N << " x " << s.K;
+    // Control: the unrounded activations' exact result is out of reach at small K.
+    if (s.K <= 200) {
+      EXPECT_GT(outside(y, reference(w, x, s.N, s.K, s.M, false), g), y.size() / 4) << s.N << " x " << s.K;
+    }
+  }
+}
+
+TEST(CpuGemm, RowInvariantAndRoundedMatmulForOtherDtypes) {
+  auto be = make_cpu_backend();
+  const int64_t N = 48, K = 160;
+  const int M = 13;
+  auto w = rand_bf16(N * K, 3, 0.05f);
+  auto x = randn(static_cast<size_t>(M) * K, 4);
+  std::vector<float> all(M * N), one(N);
+  be->gemm(bf16_ref(w, N, K), x.data(), all.data(), M);
+  for (int m = 0; m < M; m++) {
+    be->gemm(bf16_ref(w, N, K), x.data() + m * K, one.data(), 1);
+    EXPECT_EQ(0, std::memcmp(one.data(), all.data() + m * N, N * sizeof(float))) << "row " << m;
+  }
+  // f32 weights: the same function through the matmul on the rounded activations (backend.h).
+  std::vector<float> wf(N * K), xr(x.size());
+  for (size_t i = 0; i < wf.size(); i++) wf[i] = bf16_to_f32(w[i]);
+  for (size_t i = 0; i < xr.size(); i++) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+  WeightRef r;
+  r.dtype = DType::F32;
+  r.rows = N;
+  r.cols = K;
+  r.data = wf.data();
+  std::vector<float> a(M * N), b(M * N), c(M * N);
+  be->gemm(r, x.data(), a.data(), M);
+  be->matmul(r, xr.data(), b.data(), M);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  be->matmul(r, x.data(), c.data(), M);  // control: the unrounded activations give other bits
+  EXPECT_NE(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
+}
+
+#if QFLASH_HAVE_CUDA
+
+// Uniform in [-1, 1) from splitmix64: fast enough for the 4096-row inputs of the 27B shapes.
+std::vector<float> randu(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; i++) v[i] = random_uniform_pm1(seed, i);
+  return v;
+}
+
+Backend* gpu(std::string* why) {
+  static std::unique_ptr<Backend> be;
+  static std::string reason;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    be = make_cuda_backend(&reason);
+  }
+  *why = reason;
+  return be.get();
+}
+
+#define NEED_GPU()                                    \
+  std::string why_;                                   \
+  Backend* G = gpu(&why_);                            \
+  if (!G) GTEST_SKIP() << "no CUDA device: " << why_;
+
+template <class T>
+DeviceBuffer up(Backend* be, const std::vector<T>& h) {
+  DeviceBuffer b(be, h.size() * sizeof(T));
+  be->upload(b.get(), h.data(), h.size() * sizeof(T));
+  return b;
+}
+template <class T>
+std::vector<T> down(Backend* be, const void* p, size_t n) {
+  std::vector<T> h(n);
+  be->download(h.data(), p, n * sizeof(T));
+  return h;
+}
+void poison(Backend* be, void* p, size_t bytes) {
+  std::vector<uint8_t> h(bytes, 0xff);
+  be->upload(p, h.data(), bytes);
+}
+
+// A bf16 matrix on the GPU, row-major and (when the backend relays it) in the GEMV's tiled layout.
+struct GpuWeight {
+  Backend* be;
+  DeviceBuffer row;
+  const void* tiled = nullptr;
+  WeightRef ref_row, ref_tiled;
+  GpuWeight(Backend* G, const std::vector<uint16_t>& w, int64_t N, int64_t K) : be(G), row(up(G, w)) {
+    ref_row = bf16_ref(w, N, K);
+    ref_row.data = row.get();
+    uint8_t layout = 0;
+    tiled = G->relayout_matrix(ref_row, &layout);
+    if (tiled) {
+      ref_tiled = ref_row;
+      ref_tiled.data = tiled;
+      ref_tiled.layout = layout;
+    }
+  }
+  ~GpuWeight() {
+    if (tiled) be->release_weight(tiled);
+  }
+  GpuWeight(const GpuWeight&) = delete;
+  GpuWeight& operator=(const GpuWeight&) = delete;
+};
+
+std::vector<float> gpu_gemm(Backend* G, const WeightRef& W, const DeviceBuffer& x, int M, size_t x_off = 0) {
+  DeviceBuffer y(G, static_cast<size_t>(M) * W.rows * sizeof(float));
+  poison(G, y.get(), y.bytes());
+  G->gemm(W, x.f() + x_off * W.cols, y.f(), M);
+  return down<float>(G, y.get(), static_cast<size_t>(M) * W.rows);
+}
+
+TEST(CudaGemm, Bf16RoundingMatchesCpuBitForBit) {
+  NEED_GPU();
+  std::vector<float> v = randn(1001, 5, 3.0f);
+  const float specials[] = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8), -(1.0f + std::ldexp(1.0f, -8)),
+                            std::ldexp(1.0f, -130), -std::ldexp(3.0f, -140), 3.3895314e38f, INFINITY, -INFINITY,
+                            NAN, 0.0f, -0.0f, 65504.0f};
+  for (size_t i = 0; i < sizeof(specials) / sizeof(specials[0]); i++) v[3 * i + 1] = specials[i];
+  auto d = up(G, v);
+  DeviceBuffer out(G, (v.size() + 8) * 2);
+  cudaStream_t st = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreate(&st));
+  G->sync();  // the uploads ran on the backend's stream
+  for (size_t off : {size_t(0), size_t(1)}) {  // aligned (vector path) and misaligned (scalar path)
+    const size_t n = v.size() - off;
+    cuda::gemm_to_bf16(d.f() + off, static_cast<uint16_t*>(out.get()), n, st);
+    cudaStreamSynchronize(st);
+    auto got = down<uint16_t>(G, out.get(), n);
+    for (size_t i = 0; i < n; i++) ASSERT_EQ(got[i], f32_to_bf16(v[i + off])) << "element " << i + off << " = " << v[i + off];
+  }
+  cudaStreamDestroy(st);
+}
+
+TEST(CudaGemm, UntileInvertsTheGemvLayout) {
+  NEED_GPU();
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{70, 128}, {32, 64}, {97, 320}}) {
+    auto w = rand_bf16(N * K, 9, 1.0f);
+    auto d = up(G, w);
+    DeviceBuffer t(G, cuda::gemv_tc_tiled_bytes(N, K)), back(G, N * K * 2);
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreate(&st));
+    G->sync();
+    cuda::gemv_tc_relayout(d.get(), t.get(), N, K, st);
+    cuda::gemm_untile(t.get(), back.get(), N, K, st);
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+    cudaStreamDestroy(st);
+    EXPECT_EQ(down<uint16_t>(G, back.get(), N * K), w) << N << " x " << K;
+  }
+}
+
+TEST(CudaGemm, MatchesCpuTwinAndExactSum) {
+  NEED_GPU();
+  auto C = make_cpu_backend();
+  struct Shape {
+    int64_t N, K;
+  };
+  // cuBLASLt shapes (the 27B's a/b projection, small and odd row counts) and the CUDA-core
+  // fallback's (N % 4 != 0, K % 8 != 0).
+  for (const Shape s : {Shape{48, 5120}, Shape{96, 320}, Shape{100, 1024}, Shape{6, 256}, Shape{40, 100}}) {
+    auto w = rand_bf16(s.N * s.K, 21 + s.N, 0.05f);
+    GpuWeight gw(G, w, s.N, s.K);
+    for (int M : {1, 5, 64, 300}) {
+      auto x = randn(static_cast<size_t>(M) * s.K, 31 + M);
+      auto dx = up(G, x);
+      std::vector<float> cpu(static_cast<size_t>(M) * s.N);
+      C->gemm(bf16_ref(w, s.N, s.K), x.data(), cpu.data(), M);
+      const Ref ref = reference(w, x, s.N, s.K, M, true);
+      const double g23 = gamma_n(s.K - 1, std::ldexp(1.0, -23)), g24 = gamma_n(s.K - 1, std::ldexp(1.0, -24));
+      std::vector<const WeightRef*> layouts = {&gw.ref_row};
+      if (gw.tiled) layouts.push_back(&gw.ref_tiled);
+      for (const WeightRef* W : layouts) {
+        auto got = gpu_gemm(G, *W, dx, M);
+        const std::string what = std::to_string(s.N) + " x " + std::to_string(s.K) + " M=" + std::to_string(M) +
+                                 (W->layout ? " tiled" : " row-major");
+        EXPECT_EQ(outside(got, ref, g23), 0u) << what << ": GPU vs the exact sum";
+        size_t far = 0;
+        for (size_t i = 0; i < got.size(); i++)
+          if (!(std::fabs(static_cast<double>(got[i]) - cpu[i]) <= (g23 + g24) * ref.mag[i])) far++;
+        EXPECT_EQ(far, 0u) << what << ": GPU vs the CPU twin";
+      }
+    }
+  }
+}
+
+// Row m's bits for every M and every place in the batch, on the 27B projection shapes (plus a
+// small one), for both weight layouts: the contract the prefill's split invariance rests on.
+TEST(CudaGemm, RowInvariantOnPrefillShapes) {
+  NEED_GPU();
+  struct Shape {
+    int64_t N, K;
+  };
+  const char* route = std::getenv("QFLASH_GEMM");
+  const bool lt = !route || !*route || std::strcmp(route, "lt") == 0;
+  const int Mmax = 4096, shift = 37;
+  for (const Shape s : {Shape{17408, 5120}, Shape{5120, 17408}, Shape{10240, 5120}, Shape{5120, 6144}, Shape{48, 5120},
+                        Shape{12288, 5120}, Shape{96, 320}}) {
+    std::vector<uint16_t> w(s.N * s.K);
+    for (size_t i = 0; i < w.size(); i++) w[i] = f32_to_bf16(0.02f * random_uniform_pm1(41, i));
+    GpuWeight gw(G, w, s.N, s.K);
+    auto x = randu(static_cast<size_t>(Mmax + shift) * s.K, 43);
+    auto dx = up(G, x);
+    std::vector<float> row_full;
+    for (const WeightRef* W : {&gw.ref_row, gw.tiled ? &gw.ref_tiled : nullptr}) {
+      if (!W) continue;
+      const std::string what = std::to_string(s.N) + " x " + std::to_string(s.K) + (W->layout ? " tiled" : " row-major");
+      const std::vector<float> full = gpu_gemm(G, *W, dx, Mmax);
+      for (int M : {1, 2, 7, 64, 127, 128, 129, 255, 256, 257, 1000, 2048}) {
+        auto y = gpu_gemm(G, *W, dx, M);
+        EXPECT_EQ(0, std::memcmp(y.data(), full.data(), y.size() * sizeof(float))) << what << " M=" << M;
+      }
+      // The same rows at another place in the batch (a different tile row for each).
+      auto ys = gpu_gemm(G, *W, dx, Mmax - shift, shift);
+      EXPECT_EQ(0, std::memcmp(ys.data(), full.data() + shift * s.N, ys.size() * sizeof(float))) << what << " shifted";
+      for (float v : full) ASSERT_TRUE(std::isfinite(v)) << what;
+      if (W->layout == 0) {
+        row_full = full;
+      } else if (lt) {  // cuBLASLt reads tiled weights through the untile copy: the row-major bits
+        EXPECT_EQ(0, std::memcmp(full.data(), row_full.data(), full.size() * sizeof(float))) << what << " vs row-major";
+      }
+    }
+  }
+}
+
+#endif  // QFLASH_HAVE_CUDA
+
+}  // namespace
+}  // namespace qf

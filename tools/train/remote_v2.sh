@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Issue 16's pair (PyPI corpus, `small` target shipped in int4) on the GPU machine, in device calls
+# of under 10 minutes. See docs/experiments/demo_data.md.
+#
+#   here:    python3 tools/train/pypi_corpus.py --out data/pypi_corpus --pin tools/train/pypi_corpus_manifest.json
+#   here:    bash tools/train/remote_v2.sh pack              data/pypi_corpus -> data/carry/corpus.tar.xz
+#   call 1:  bash tools/train/remote_v2.sh train corpus,target,mtp [flags]   carry ["data/carry"]
+#            (exit 3: the target stopped at its guard; repeat at once, while the machine is warm)
+#   here:    bash tools/train/remote_v2.sh unpack FILES_AT   -> out/run_carry/ (the run, small enough to carry)
+#   call 2:  bash tools/train/remote_v2.sh train gen,drafter,package [flags]   carry ["out/run_carry"]
+#   here:    bash tools/train/remote_v2.sh install FILES_AT  -> models/demo/
+#
+# `train` exits 3 when the target stopped at its wall-clock guard: a call made while the machine
+# is still warm (out/ kept) resumes from target/ckpt.pt with the same command. A cold machine
+# restarts from the carried run. Extra arguments after the stage list go to train_all.py.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+RUN="${RUN:-out/demo_run}"
+FLAGS=(--corpus-dir out/pypi_corpus --target-shape small --ship-int4)
+need_out() { if [ -z "${OUT:-}" ]; then echo "OUT is not set (this step runs on the device machine)" >&2; exit 2; fi; }
+cmd="${1:-}"; shift || true
+case "$cmd" in
+  pack)  # here: the corpus without its wheels, for `carry`
+    src="${1:?usage: remote_v2.sh pack CORPUS_DIR}"
+    mkdir -p data/carry
+    # tree + carry <= 64 MiB and the tree is ~42 MB: PACK_TRAIN_TOKENS cuts the train stream if the
+    # archive comes out too large (xz gets the uint16 stream to ~0.27 of its size)
+    tmp=$(mktemp -d); cp -r "$src/corpus" "$src/tokenizer" "$tmp/"
+    if [ -n "${PACK_TRAIN_TOKENS:-}" ]; then
+      python3 -c "import numpy as np,sys; a=np.load(sys.argv[1]); np.save(sys.argv[1], a[:int(sys.argv[2])])" \
+        "$tmp/corpus/tokens_train.npy" "$PACK_TRAIN_TOKENS"
+    fi
+    tar -C "$tmp" -cf - corpus tokenizer | xz -T2 -6 > data/carry/corpus.tar.xz
+    rm -rf "$tmp"
+    ls -l data/carry
+    ;;
+  train)  # device: stage list (part1 | part2 | all | a,b,c), then train_all.py flags
+    need_out
+    stages="${1:?usage: remote_v2.sh train STAGES [flags]}"; shift || true
+    if [ ! -f out/pypi_corpus/corpus/manifest.json ] && [ -f data/carry/corpus.tar.xz ]; then
+      mkdir -p out/pypi_corpus && xz -dc data/carry/corpus.tar.xz | tar -C out/pypi_corpus -xf -
+    fi
+    if [ ! -d "$RUN/stages" ] && [ -d out/run_carry ]; then
+      mkdir -p "$RUN" && cat out/run_carry/run.tar.xz.* | xz -dc | tar -C "$RUN" -xf -
+    fi
+    rc=0
+    bash tools/train/train_all.sh "$RUN" "${FLAGS[@]}" --stage "$stages" "$@" || rc=$?
+    # what a cold machine needs to go on: everything but the bf16 target, its optimizer
+    # checkpoint and the regenerable continuations; the train stream cut to what gen samples
+    # prompts from
+    tmp=$(mktemp -d)
+    tar -C "$RUN" --exclude=./target/model.safetensors --exclude=./target/ckpt.pt --exclude=./gen \
+        --exclude=./demo --exclude=./corpus/tokens_train.npy -cf - . | tar -C "$tmp" -xf -
+    cut() { python3 -c "import numpy as np,sys; a=np.load(sys.argv[1], mmap_mode='r'); np.save(sys.argv[2], np.array(a[:int(sys.argv[3])]))" "$@"; }
+    [ -f "$RUN/corpus/tokens_train.npy" ] && cut "$RUN/corpus/tokens_train.npy" "$tmp/corpus/tokens_train.npy" "${CARRY_TRAIN_TOKENS:-1500000}"
+    [ -f "$RUN/corpus/tokens_val.npy" ] && cut "$RUN/corpus/tokens_val.npy" "$tmp/corpus/tokens_val.npy" "${CARRY_VAL_TOKENS:-500000}"
+    # the MTP head travels in bf16: its metrics and the package use the bf16-rounded weights
+    if [ -f "$tmp/mtp/mtp.safetensors" ]; then
+      python3 -c "import sys,torch; from safetensors.torch import load_file, save_file; p=sys.argv[1]; save_file({k: v.to(torch.bfloat16) for k, v in load_file(p).items()}, p)" "$tmp/mtp/mtp.safetensors"
+    fi
+    tar -C "$tmp" -cf - . | xz -T0 -6 | split -b 15M -d - "$OUT/run.tar.xz."
+    rm -rf "$tmp"
+    if [ -d "$RUN/demo" ]; then tar -C "$RUN" -cf - demo | split -b 15M -d - "$OUT/demo.tar."; fi
+    cp "$RUN/train_log.txt" "$OUT/train_log.txt"
+    ls -l "$OUT"
+    exit $rc
+    ;;
+  unpack)  # here: the run bundle of a call, to carry into the next one
+    src="${1:?usage: remote_v2.sh unpack FILES_AT}"
+    rm -rf out/run_carry && mkdir -p out/run_carry
+    cp "$src"/run.tar.xz.* out/run_carry/
+    du -sh out/run_carry
+    ;;
+  install)
+    src="${1:?usage: remote_v2.sh install FILES_AT}"
+    rm -rf models/demo && mkdir -p models
+    cat "$src"/demo.tar.* | tar -C models -xf -
+    echo "installed models/demo:"; ls -l models/demo models/demo/drafter
+    ;;
+  *)
+    sed -n '2,16p' "$0"; exit 2 ;;
+esac
