@@ -720,45 +720,6 @@ TEST(CudaGdnChunked, ParallelStageMatchesFormulas) {
     }
 }
 
-// Kernel generation 2 (the default) against 1 (QFLASH_GDN_CHUNK=v1): the same operations on the
-// same values, so output, state and conv tail must be equal bit for bit, on shapes that take the
-// v2 recurrence (d_v a multiple of 64) and one that keeps v1's (d_v = 32), over several chunks
-// with a partial last one, from a non-zero state. v1 itself is checked against the reference by
-// the tests above through QFLASH_GDN_CHUNK=v1; v2 is what the backend runs by default.
-TEST(CudaGdnChunked, V2EqualsV1BitForBit) {
-  NEED_GPU();
-  const struct {
-    GdnDims d;
-    int M;
-  } cases[] = {{dims(16, 48, 128, 128, 4), 1000}, {dims(2, 6, 64, 64, 4), 258}, {dims(1, 2, 32, 64, 2), 130},
-               {dims(2, 4, 96, 128, 3), 200},      {dims(2, 4, 64, 32, 4), 100}};
-  for (const auto& cs : cases)
-    for (Decay k : {Decay::Mixed, Decay::Strong}) {
-      const GdnDims& d = cs.d;
-      const Inputs in = make_inputs(d, cs.M, k, 91);
-      const std::string tag = tag_of(d, cs.M, k);
-      DevInputs di(G, in);
-      const size_t ny = static_cast<size_t>(cs.M) * d.value_dim();
-      std::vector<float> yv[2], sv[2];
-      for (int v = 1; v <= 2; v++) {
-        DeviceBuffer st, y;
-        fresh(G, in, st, y);
-        DeviceBuffer scr(G, cuda::gdn_chunk_scratch_floats(d, cs.M) * sizeof(float));
-        G->sync();
-        cudaStream_t cstr = nullptr;
-        ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cstr));
-        cuda::gdn_chunked(di.mixed.f(), di.alpha.f(), di.beta.f(), di.conv.f(), di.A_log.f(), di.dt.f(), d, st.f(),
-                          y.f(), cs.M, scr.f(), cstr, v);
-        ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cstr));
-        cudaStreamDestroy(cstr);
-        yv[v - 1] = down(G, y, ny);
-        sv[v - 1] = down(G, st, d.state_floats());
-      }
-      for (size_t i = 0; i < ny; i++) ASSERT_FALSE(std::isnan(yv[1][i])) << tag << ": y element " << i << " unwritten";
-      ASSERT_EQ(0, std::memcmp(yv[0].data(), yv[1].data(), ny * sizeof(float))) << tag << ": y";
-      ASSERT_EQ(0, std::memcmp(sv[0].data(), sv[1].data(), sv[0].size() * sizeof(float))) << tag << ": state";
-    }
-}
 #endif  // QFLASH_HAVE_CUDA
 
 }  // namespace

@@ -35,7 +35,7 @@
 #   prefill128 (not default) the 27B prefill at 128k tokens (needs the chunked attention/GDN ops)
 #   prefillmma (not default) the prefill tests, the GEMM bench and the 8k prefill again with
 #             QFLASH_GEMM=mma (our tensor-core kernel on the tiled weights instead of untile + cuBLASLt)
-#   gdnbench  (not default) qflash_gdn_chunk_bench: chunked-GDN kernels v2 vs v1, bits and time
+#   gdnbench  (not default) qflash_gdn_bench: one 27B GDN layer, chunked, at 4k/8k/32k rows
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
 #   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
 #   adaptive  (not default) --draft-k auto (issue 15): the controller's tests on cuda, then the 27B
@@ -206,7 +206,7 @@ want adaptive && step adaptivedemo 120 plain "$BIN/qflash" bench --device cuda \
   --json "$LOG/adaptive_demo.json"
 # Prefill kernels and long prompts (issue 12): the chunked-GDN kernels v2 against v1 (bit
 # identity and time on the 27B shapes), HF parity of the prefill on 2,100-token prompts.
-want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_chunk_bench" --m 4096,8192,32768
+want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
 want parity && step parity 150 gtest "$BIN/qflash_tests" \
   --gtest_filter='Fixtures/LongPromptParity.*cuda*' --gtest_color=no
 # Prefix reuse (issue 13): snapshot/restore identity on cuda, then the time to first token of a

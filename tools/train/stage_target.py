@@ -22,10 +22,15 @@ import numpy as np
 import common as C
 
 
-def lr_at(step, total, peak, warmup, floor=0.1):
+def lr_at(step, total, peak, warmup, floor=0.1, frac=None):
+    """Linear warmup over `warmup` steps, then cosine to `floor` x peak. The cosine's progress is
+    the step's share of `total`, or, when `frac` is given (a wall-clock budget), the larger of that
+    and the share of the budget already spent."""
     if step < warmup:
         return peak * (step + 1) / warmup
     t = min(1.0, (step - warmup) / max(1, total - warmup))
+    if frac is not None:
+        t = max(t, min(1.0, frac))
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * t)))
 
 
@@ -92,10 +97,19 @@ def run(args, log):
     model.train()
     t0 = time.time()
     deadline = t0 + args.target_max_min * 60
-    log_every = max(1, args.target_steps // 40)
+    # --target-budget-min: the schedule runs over wall-clock time and the stage ends, complete, when
+    # the budget is spent (target_steps is then an upper bound): one device call always yields an
+    # annealed model, whatever the machine's speed.
+    budget = args.target_budget_min * 60 if args.target_budget_min else None
+    if budget is not None and budget > args.target_max_min * 60:
+        raise SystemExit(f"--target-budget-min {args.target_budget_min} exceeds --target-max-min {args.target_max_min}")
+    log_every = 25 if budget is not None else max(1, args.target_steps // 40)
     ema = None
     step = 0
     mw = 16 if args.smoke else None
+    # in-loop evaluations use the first 256 windows (a full pass over the validation stream costs
+    # ~25 training steps); the final figures below use all of it
+    mw_loop = mw if mw is not None else 256
     curve = []
     best = (0, float("inf"), None)
     stopped_early = False
@@ -122,7 +136,12 @@ def run(args, log):
         tmp.replace(ckpt_path)
 
     for step in range(start, args.target_steps):
-        lr = lr_at(step, args.target_steps, args.target_lr, args.target_warmup)
+        frac = (time.time() - t0) / budget if budget is not None else None
+        if frac is not None and frac >= 1.0:
+            log(f"target: time budget ({args.target_budget_min} min) spent after {step} steps")
+            step -= 1  # the last step run
+            break
+        lr = lr_at(step, args.target_steps, args.target_lr, args.target_warmup, frac=frac)
         for g in opt.param_groups:
             g["lr"] = lr
         w = torch.from_numpy(C.random_windows(train, args.target_batch, args.target_seq + 1, gen)).to(device, non_blocking=True)
@@ -141,8 +160,10 @@ def run(args, log):
             log(f"target step {step:5d}/{args.target_steps} loss {lv:.4f} lr {lr:.2e} gnorm {gnorm.item():.2f} "
                 f"{tokens_seen / el / 1e3:.0f}k tok/s {el / (step + 1):.3f}s/step")
         last = step == args.target_steps - 1 or time.time() > deadline
+        if budget is not None and time.time() - t0 >= budget:
+            last = True
         if args.target_eval_every and ((step + 1) % args.target_eval_every == 0 or last):
-            ppl, _ = evaluate_ppl(model, val, args.target_seq, device, max_windows=mw)
+            ppl, _ = evaluate_ppl(model, val, args.target_seq, device, max_windows=mw_loop)
             curve.append((step + 1, ppl))
             if ppl < best[1]:
                 best = (step + 1, ppl, {k: v.detach().clone() for k, v in model.state_dict().items()})

@@ -69,6 +69,9 @@ def parse_args(argv=None):
     g.add_argument("--target-warmup", type=int, default=100)
     g.add_argument("--target-wd", type=float, default=0.1)
     g.add_argument("--target-max-min", type=float, default=5.5, help="wall-clock guard for the training loop")
+    g.add_argument("--target-budget-min", type=float, default=0,
+                   help="run the LR schedule over this many minutes of wall clock and end the stage, complete, "
+                        "when they are spent (--target-steps becomes an upper bound; 0: off)")
     g.add_argument("--target-ckpt-every", type=int, default=500,
                    help="write target/ckpt.pt (weights, optimizer, RNG, curve) every N steps and at the guard; "
                         "a re-run resumes from it")

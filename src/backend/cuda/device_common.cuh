@@ -314,6 +314,48 @@ void gdn_common_args(Args& a, const GdnDims& d, const float* alpha, const float*
 // ---- tensor-core GEMV (gemv_tc_impl.cuh bf16, gemv_tc_q4.cu int4): one warp = one 32-row tile
 // and one column slice. Params: their launch structs, which name these fields alike.
 
+// The weights of one grouped launch: each weight's data (as Elem), rows and first tile in the
+// group's list of 32-row tiles (tile0[n] = all the tiles), the shared cols and the x row stride.
+template <class Elem, class Params>
+void tc_fill_segments(Params& P, const WeightRef* const* Ws, int n, int x_ld, int64_t tiles) {
+  P.nseg = n;
+  P.cols = static_cast<int>(Ws[0]->cols);
+  P.x_ld = x_ld;
+  for (int i = 0, t0 = 0; i < n; i++) {
+    P.w[i] = static_cast<const Elem*>(Ws[i]->data);
+    P.rows[i] = static_cast<int>(Ws[i]->rows);
+    P.tile0[i] = t0;
+    t0 += static_cast<int>((Ws[i]->rows + 31) / 32);
+  }
+  P.tile0[n] = static_cast<int>(tiles);
+}
+
+// Zeroes a warp's accumulators: two 16-row halves of its 32-row tile x NT n-tiles x the 4
+// C-fragment values.
+template <int NT>
+__device__ __forceinline__ void tc_zero(float (&acc)[2][NT][4]) {
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[a][j][e] = 0.0f;
+}
+
+// A warp's token rows: row j * 8 + g of x for n-tile j (xv: the row exists; a missing row reads
+// row 0, whose products are never stored), offset by `lane_off` floats; and its accumulators,
+// zeroed.
+template <int NT>
+__device__ __forceinline__ void tc_warp_rows(const float* x, int M, int x_ld, int g, int lane_off, bool (&xv)[NT],
+                                             const float* (&xp)[NT], float (&acc)[2][NT][4]) {
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    xv[j] = j * 8 + g < M;
+    xp[j] = x + static_cast<size_t>(xv[j] ? j * 8 + g : 0) * x_ld + lane_off;
+  }
+  tc_zero<NT>(acc);
+}
+
 // A wave of the column-slice grid: 132 SMs x 2 resident 8-warp blocks on the H200 (a constant, so
 // the split chosen from it is the same on every device and for every M).
 constexpr int kTcConcurrentBlocks = 264;

@@ -31,17 +31,12 @@
 //     Products run on mma m16n8k8 tf32 with each fp32 operand split into a tf32 high part and
 //     a tf32 residual (3 products, about fp32 accuracy; one tf32 product alone costs ~1e-3),
 //     each k-step in a fresh accumulator added to the running sum in fp32 (see mma3).
-//  3'. v2 (default; QFLASH_GDN_CHUNK=v1 selects the kernels above): gdn_chunk_recur2.cu, the
-//     same per-warp operations with 64 rows of S per block and the operands staged in shared
-//     memory; prep at 1 block/SM so that the substitution's column stays in registers.
 //
 // Split invariance: a chunk's arithmetic depends only on its rows, the raw rows before it and the
 // state it receives, never on M or the chunk count, so splitting a prompt at a multiple of 64
 // repeats the same operations on the same values.
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/gdn_chunk.h"
@@ -100,10 +95,10 @@ __device__ __forceinline__ void conv_rows(const PrepArgs& a, int ch, int m0, int
   }
 }
 
-// MinBlocks 2 (v1) caps the kernel at 128 registers and spills the substitution's column
-// (244 bytes a thread, past L1 next to 100 KB of shared memory); 1 (v2) keeps it in registers.
-template <int MinBlocks>
-__global__ void __launch_bounds__(kPrepThreads, MinBlocks) gdn_chunk_prep_kernel(const PrepArgs a) {
+// Two blocks per SM cap the kernel at 128 registers, so the substitution's column spills (244
+// bytes a thread); one block per SM keeps it in registers and measured no faster
+// (docs/experiments/prefill_kernels.md).
+__global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const PrepArgs a) {
   pdl_trigger();
   pdl_wait();
   extern __shared__ __align__(16) float smem[];
@@ -452,17 +447,6 @@ size_t prep_smem_bytes(int dk) {
 
 }  // namespace
 
-int gdn_chunk_default_version() {
-  static const int v = [] {
-    const char* e = std::getenv("QFLASH_GDN_CHUNK");
-    if (!e || !*e || std::strcmp(e, "v2") == 0) return 2;
-    if (std::strcmp(e, "v1") == 0) return 1;
-    backend_fail("QFLASH_GDN_CHUNK=%s: expected v1 or v2", e);
-    return 2;
-  }();
-  return v;
-}
-
 bool gdn_chunk_supported(const GdnDims& d) {
   return d.d_k > 0 && d.d_k <= kMaxD && d.d_k % 32 == 0 && d.d_v > 0 && d.d_v <= kMaxD && d.d_v % kRows == 0 &&
          d.conv_kernel >= 1 && d.conv_kernel <= kConvMax && d.n_k_heads > 0 && d.n_v_heads % d.n_k_heads == 0;
@@ -490,14 +474,7 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* p) {
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
                  cudaStream_t st) {
-  gdn_chunked(mixed, alpha, beta_in, conv_w, A_log, dt_bias, d, state, y, M, scratch, st, gdn_chunk_default_version());
-}
-
-void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
-                 const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st, int version) {
   if (M <= 0) return;
-  if (version != 1 && version != 2) backend_fail("cuda gdn_chunked: kernel version %d (expected 1 or 2)", version);
   if (!gdn_chunk_supported(d))
     backend_fail("cuda gdn_chunked: unsupported dims (k heads %d, v heads %d, d_k %d, d_v %d, conv %d): d_k and d_v "
                  "must be multiples of 32 up to %d, conv 1..%d, v heads a multiple of k heads",
@@ -516,14 +493,9 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   pa.Hk = d.n_k_heads;
   const size_t smem = prep_smem_bytes(d.d_k);
   // The largest prep footprint (d_k = 128) is allowed once per device and kernel.
-  static std::atomic<uint64_t> prep1_set{0}, prep2_set{0};
-  if (version == 1) {
-    allow_smem(gdn_chunk_prep_kernel<2>, prep_smem_bytes(kMaxD), prep1_set);
-    launch_k(gdn_chunk_prep_kernel<2>, dim3(d.n_k_heads, nc), dim3(kPrepThreads), smem, st, pa);
-  } else {
-    allow_smem(gdn_chunk_prep_kernel<1>, prep_smem_bytes(kMaxD), prep2_set);
-    launch_k(gdn_chunk_prep_kernel<1>, dim3(d.n_k_heads, nc), dim3(kPrepThreads), smem, st, pa);
-  }
+  static std::atomic<uint64_t> prep_set{0};
+  allow_smem(gdn_chunk_prep_kernel, prep_smem_bytes(kMaxD), prep_set);
+  launch_k(gdn_chunk_prep_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), smem, st, pa);
   QF_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
   if (d.conv_kernel > 1) {
     launch_k(gdn_chunk_tail_kernel, dim3((C + 255) / 256), dim3(256), 0, st, mixed, tail, C, d.conv_kernel, M);
@@ -540,7 +512,6 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   ra.ratio = pa.ratio;
   ra.dv = d.d_v;
   ra.VD = d.value_dim();
-  if (version != 1 && gdn_detail::launch_recur2(ra, d, st)) return;
   const dim3 grid(d.n_v_heads, d.d_v / kRows);
   switch (d.d_k) {
     case 32: launch_k(gdn_chunk_recur_kernel<32>, grid, dim3(kRecThreads), 0, st, ra); break;

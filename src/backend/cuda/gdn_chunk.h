@@ -28,14 +28,7 @@ struct GdnChunkScratch {
 size_t gdn_chunk_scratch_floats(const GdnDims& d, int M);
 GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* scratch);
 
-// Kernel generation: 2 (default) or 1 (the first kernels, kept for A/B; environment
-// QFLASH_GDN_CHUNK=v1). Both compute the same operations on the same values: bit-identical results.
-int gdn_chunk_default_version();
-
 // Backend::gdn_chunked for a supported shape; scratch holds gdn_chunk_scratch_floats(d, M).
-void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
-                 const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st, int version);
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
                  cudaStream_t st);

@@ -1,6 +1,5 @@
-// Internals shared by the chunked gated DeltaNet kernels (gdn_chunk.cu: parallel stage and the
-// v1 recurrence; gdn_chunk_recur2.cu: the v2 recurrence): the split-tf32 tensor-core products and
-// the recurrence's arguments. Included by those two files only.
+// Internals of the chunked gated DeltaNet kernels (gdn_chunk.cu): the split-tf32 tensor-core
+// products and the recurrence's arguments. Included by gdn_chunk.cu only.
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -13,7 +12,7 @@ namespace qf::cuda::gdn_detail {
 constexpr int kC = Backend::kPrefillChunk;
 static_assert(kC == 64, "the kernels tile a chunk as 4 warps x 16 rows and 8-row k-steps");
 constexpr int kMaxD = 128;
-constexpr int kRows = 32;  // rows of S per v1 recurrence block (d_v is a multiple)
+constexpr int kRows = 32;  // rows of S per recurrence block (d_v is a multiple)
 
 struct RecArgs {
   GdnChunkScratch sc;
@@ -21,10 +20,6 @@ struct RecArgs {
   float* y;  // [M, VD]
   int M, nc, Hk, Hv, ratio, dv, VD;
 };
-
-// v2 recurrence (gdn_chunk_recur2.cu) for d.d_v a multiple of 64; false (nothing launched) for
-// other shapes, which take v1.
-bool launch_recur2(const RecArgs& ra, const GdnDims& d, cudaStream_t st);
 
 // Allows `bytes` of dynamic shared memory once per device: no API call per launch, so a launch
 // inside a graph capture needs nothing else.

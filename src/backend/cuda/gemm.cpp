@@ -29,16 +29,15 @@ bool env_is(const char* name, const char* value) {
   return e && std::strcmp(e, value) == 0;
 }
 
-// QFLASH_GEMM: lt (default), simt (the CUDA-core kernel everywhere), mma (tiled weights through
-// gemm_mma_tiled, the rest as lt).
-enum class Route { Lt, Simt, Mma };
+// QFLASH_GEMM: lt (default) or simt (the CUDA-core kernel everywhere). A third route, our own
+// mma.sync GEMM on the tiled weights, was measured and rejected (docs/experiments/prefill_kernels.md).
+enum class Route { Lt, Simt };
 Route route_from_env() {
   static const Route r = [] {
     const char* e = std::getenv("QFLASH_GEMM");
     if (!e || !*e || std::strcmp(e, "lt") == 0) return Route::Lt;
     if (std::strcmp(e, "simt") == 0) return Route::Simt;
-    if (std::strcmp(e, "mma") == 0) return Route::Mma;
-    std::fprintf(stderr, "qflash: warning: QFLASH_GEMM=%s is not a route (lt, simt, mma); using lt\n", e);
+    std::fprintf(stderr, "qflash: warning: QFLASH_GEMM=%s is not a route (lt, simt); using lt\n", e);
     return Route::Lt;
   }();
   return r;
@@ -188,10 +187,6 @@ bool GemmRunner::run(const WeightRef& W, const float* x, float* y, int M, cudaSt
   }
   uint16_t* xb = static_cast<uint16_t*>(grow(xb_, xb_bytes_, nx * 2, st));
   gemm_to_bf16(x, xb, nx, st);
-  if (route_from_env() == Route::Mma && W.layout == WeightRef::kTc32x64) {
-    gemm_mma_tiled(W, xb, y, M, st);
-    return true;
-  }
   Plan& p = plan_for(N, K);
   if (!p.lt) {
     gemm_simt(W, xb, y, M, st);
@@ -242,7 +237,7 @@ bool GemmRunner::run(const WeightRef& W, const float* x, float* y, int M, cudaSt
 }
 
 std::string GemmRunner::describe() const {
-  std::string s = route_from_env() == Route::Mma ? "tiled weights: gemm_mma_tiled (QFLASH_GEMM=mma)\n" : "";
+  std::string s;
   for (const auto& [k, p] : plans_)
     s += fmt_str("%lld x %lld: %s\n", (long long)k.first, (long long)k.second, p->why.c_str());
   return s;

@@ -14,9 +14,7 @@
 // row of x and its own row of W, whatever M is. The GPU tests check this bit for bit over many M.
 // Shapes cuBLASLt cannot take with 16-byte alignment (K % 8 or N % 4 not 0), or for which no such
 // configuration exists, use a plain CUDA-core kernel with a sequential k loop (gemm_simt), chosen
-// per shape too. QFLASH_GEMM=simt forces that kernel everywhere (a reference for A/B runs);
-// QFLASH_GEMM=mma runs tiled weights through our own tensor-core kernel that reads the tiled
-// blocks directly (gemm_mma.cu: no untile copy; row-invariant by construction).
+// per shape too. QFLASH_GEMM=simt forces that kernel everywhere (a reference for A/B runs).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -42,8 +40,6 @@ void gemm_untile(const void* tiled, void* row_major, int64_t rows, int64_t cols,
 // y[m, r] = sum_c xb[m, c] * W[r, c] in fp32, c = 0..cols-1 in order (one thread per output): any
 // bf16 shape, either layout. The fallback and the reference of the cuBLASLt route.
 void gemm_simt(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st);
-// y = xb W^T for tiled weights (kTc32x64, cols % 64 == 0), mma.sync with a fixed k order (gemm_mma.cu).
-void gemm_mma_tiled(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st);
 // A kernel that is never launched: its name labels the cuBLASLt matmuls in the kernel profile.
 const void* gemm_lt_marker();
 

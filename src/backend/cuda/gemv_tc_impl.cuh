@@ -87,12 +87,7 @@ __device__ __forceinline__ void tc_chunk(const uint4 (&w)[8], const float* const
     for (int q = 0; q < 4; q++)
       xs[j][q] = xv[j] ? __ldg(reinterpret_cast<const float4*>(xp[j] + off + 4 * q)) : make_float4(0.f, 0.f, 0.f, 0.f);
   float cacc[2][NT][4];
-#pragma unroll
-  for (int a = 0; a < 2; a++)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) cacc[a][j][e] = 0.0f;
+  tc_zero<NT>(cacc);
 #pragma unroll
   for (int s = 0; s < 4; s++) {
     uint32_t b0[NT][3], b1[NT][3];
@@ -147,19 +142,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P
   }
   bool xv[NT];
   const float* xp[NT];
-#pragma unroll
-  for (int j = 0; j < NT; j++) {
-    xv[j] = j * 8 + g < P.M;
-    xp[j] = P.x + static_cast<size_t>(xv[j] ? j * 8 + g : 0) * P.x_ld;
-  }
-
   float acc[2][NT][4];
-#pragma unroll
-  for (int a = 0; a < 2; a++)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[a][j][e] = 0.0f;
+  tc_warp_rows<NT>(P.x, P.M, P.x_ld, g, 0, xv, xp, acc);
 
   const int ch0 = slice * P.cps;
   const int ch1 = min(ch0 + P.cps, P.nchunks);
@@ -205,16 +189,7 @@ template <class Tag>
 void tc_slices_run(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M, int64_t tiles,
                    int ks, bool tiled, cudaStream_t st, Tag&& tag) {
   TcParams P{};
-  P.nseg = n;
-  P.cols = static_cast<int>(Ws[0]->cols);
-  P.x_ld = x_ld;
-  for (int i = 0, t0 = 0; i < n; i++) {
-    P.w[i] = static_cast<const uint16_t*>(Ws[i]->data);
-    P.rows[i] = static_cast<int>(Ws[i]->rows);
-    P.tile0[i] = t0;
-    t0 += static_cast<int>((Ws[i]->rows + 31) / 32);
-  }
-  P.tile0[n] = static_cast<int>(tiles);
+  tc_fill_segments<uint16_t>(P, Ws, n, x_ld, tiles);
   P.ks = ks;
   if (P.ks != 1 && P.ks != 2 && P.ks != 4 && P.ks != 8) backend_fail("cuda matmul (tc): column slices %d not in {1,2,4,8}", P.ks);
   P.nchunks = P.cols / 64;

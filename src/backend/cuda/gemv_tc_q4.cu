@@ -121,18 +121,8 @@ __global__ void __launch_bounds__(kQ4Warps * 32, NT == 1 ? 2 : 1) gemv_tc_q4_ker
 
   bool xv[NT];
   const float* xp[NT];
-#pragma unroll
-  for (int j = 0; j < NT; j++) {
-    xv[j] = j * 8 + g < P.M;
-    xp[j] = P.x + static_cast<size_t>(xv[j] ? j * 8 + g : 0) * P.x_ld + 4 * t;
-  }
   float acc[2][NT][4];
-#pragma unroll
-  for (int a = 0; a < 2; a++)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[a][j][e] = 0.0f;
+  tc_warp_rows<NT>(P.x, P.M, P.x_ld, g, 4 * t, xv, xp, acc);
 
   const int u0 = slice * P.cps;
   const int u1 = min(u0 + P.cps, P.nunits);
@@ -397,16 +387,7 @@ void q4_run(const WeightRef* const* Ws, float* const* ys, int n, const float* x,
   if ((reinterpret_cast<uintptr_t>(x) & 15) != 0 || x_ld % 4 != 0 || x_ld < Ws[0]->cols)
     backend_fail("cuda matmul (int4 tc): activations must be 16-byte aligned with a row stride multiple of 4 >= cols");
   Q4Params P{};
-  P.nseg = n;
-  P.cols = static_cast<int>(Ws[0]->cols);
-  P.x_ld = x_ld;
-  for (int i = 0, t0 = 0; i < n; i++) {
-    P.w[i] = static_cast<const uint8_t*>(Ws[i]->data);
-    P.rows[i] = static_cast<int>(Ws[i]->rows);
-    P.tile0[i] = t0;
-    t0 += static_cast<int>((Ws[i]->rows + 31) / 32);
-  }
-  P.tile0[n] = static_cast<int>(tiles);
+  tc_fill_segments<uint8_t>(P, Ws, n, x_ld, tiles);
   P.nunits = static_cast<int>(P.cols / q4_unit_cols(group));
   P.ks = tc_column_slices(tiles, P.nunits, kQ4Warps);
   P.cps = (P.nunits + P.ks - 1) / P.ks;
