@@ -33,8 +33,6 @@
 #             qflash_gemm_bench (TFLOP/s per 27B shape), 27B prefill at 8k and 32k tokens with the
 #             decode step and verify ratios at that context
 #   prefill128 (not default) the 27B prefill at 128k tokens (needs the chunked attention/GDN ops)
-#   prefillmma (not default) the prefill tests, the GEMM bench and the 8k prefill again with
-#             QFLASH_GEMM=mma (our tensor-core kernel on the tiled weights instead of untile + cuBLASLt)
 #   gdnbench  (not default) qflash_gdn_bench: one 27B GDN layer, chunked, at 4k/8k/32k rows
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
 #   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
@@ -182,12 +180,6 @@ want prefill && step prefill32k 180 plain "$BIN/qflash" bench --device cuda \
 want prefill128 && step prefill128k 300 plain "$BIN/qflash" bench --device cuda \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
   --prompt-len 131072 --max-context 131328 --ops-only --no-mtp --reps 1 --json "$LOG/prefill_128k.json"
-want prefillmma && QFLASH_GEMM=mma step prefill_tests_mma 240 gtest "$BIN/qflash_tests" \
-  --gtest_filter='CudaGemm.*:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda' --gtest_color=no
-want prefillmma && QFLASH_GEMM=mma step gemm27mma 120 plain "$BIN/qflash_gemm_bench"
-want prefillmma && QFLASH_GEMM=mma step prefill8kmma 150 plain "$BIN/qflash" bench --device cuda \
-  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
-  --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 5 --json "$LOG/prefill_8k_mma.json"
 # Adaptive draft depth (issue 15): identity and switching under the controller on cuda, then the
 # bench runs the targets are stated for.
 want adaptive && step adaptive_tests 150 gtest "$BIN/qflash_tests" \
@@ -239,7 +231,7 @@ echo
 for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/bench27q4s.log "$LOG"/bench27q4l.log \
          "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/gemv.log "$LOG"/sweep.log \
          "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
-         "$LOG"/prefill32k.log "$LOG"/prefill128k.log "$LOG"/gemm27mma.log "$LOG"/prefill8kmma.log; do
+         "$LOG"/prefill32k.log "$LOG"/prefill128k.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done
 for f in "$LOG"/prof27.log "$LOG"/prof27q4.log; do
