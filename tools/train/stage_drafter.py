@@ -241,7 +241,9 @@ def run(args, log):
     nb = min(args.drafter_batch, len(train_np))
     drafter.train()
     for step in range(args.drafter_steps):
-        lr = lr_at(step, args.drafter_steps, args.drafter_lr, args.drafter_warmup)
+        # the cosine also follows the wall-clock guard, so a run the guard cuts short still ends annealed
+        frac = (time.time() - t0) / (args.drafter_max_min * 60)
+        lr = lr_at(step, args.drafter_steps, args.drafter_lr, args.drafter_warmup, frac=frac)
         for g in opt.param_groups:
             g["lr"] = lr
         if cursor + nb > len(order):
