@@ -28,8 +28,9 @@ DepthController::DepthController(int max_k, const Params& p)
   for (Mean& m : accept_) m = {p.prior_accept, 1};
 }
 
-double DepthController::cost_estimate(int k) const {
-  if (cost_measured(k)) return cost_[k].median;
+// The cost of depth k from the measured depths other than k: interpolated between the nearest
+// measured on each side, flat beyond them; 0 if none.
+double DepthController::cost_from_others(int k) const {
   int lo = k - 1, hi = k + 1;
   while (lo >= 0 && !cost_measured(lo)) lo--;
   while (hi <= max_k_ && !cost_measured(hi)) hi++;
@@ -39,6 +40,19 @@ double DepthController::cost_estimate(int k) const {
   if (has_lo) return cost_[lo].median;
   if (has_hi) return cost_[hi].median;
   return 0;  // nothing measured: choose() runs a plain step first, so rate() never sees this
+}
+
+double DepthController::cost_estimate(int k) const {
+  if (!cost_measured(k)) return cost_from_others(k);
+  // A depth run once whose round cost more than 1.5x what its measured neighbours say is taken
+  // as a one-off (its CUDA graphs being recorded, a long catch-up) and priced from them, so one
+  // slow first round does not keep the controller from running that depth again; the second
+  // round gives the lower median its real value.
+  if (k > 0 && cost_[k].recent.size() == 1) {
+    const double others = cost_from_others(k);
+    if (others > 0 && cost_[k].median > 1.5 * others) return others;
+  }
+  return cost_[k].median;
 }
 
 double DepthController::expected_accepted(int k) const {
@@ -68,6 +82,13 @@ int DepthController::choose(int limit) {
   return best;
 }
 
+void DepthController::new_request() {
+  for (Mean& m : accept_) m = {std::max(m.value, p_.prior_accept), 1};
+  plain_run_ = 0;
+  wait_ = p_.probe_first;
+  probing_ = false;
+}
+
 void DepthController::record(int k, int accepted, double cost_ms) {
   QF_CHECK(k >= 0 && k <= max_k_ && accepted >= 0 && accepted <= k, "depth controller: round k %d, accepted %d",
            k, accepted);
@@ -77,7 +98,8 @@ void DepthController::record(int k, int accepted, double cost_ms) {
     return;
   }
   // Draft i was judged only if drafts 1..i-1 were kept: positions 1..a were accepted, a+1 was not.
-  for (int i = 1; i <= std::min(accepted + 1, k); i++) accept_[i].add(i <= accepted ? 1.0 : 0.0, p_.accept_window);
+  const int judged = std::min(accepted + 1, k);
+  for (int i = 1; i <= judged; i++) accept_[i].add(i <= accepted ? 1.0 : 0.0, p_.accept_window);
   plain_run_ = 0;
   // A probe that leaves plain steps ahead doubles the wait before the next one.
   const bool drafting_wins = rate(best_drafting_k(max_k_)) > rate(0);

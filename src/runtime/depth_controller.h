@@ -41,6 +41,11 @@ class DepthController {
   int choose(int limit);
   // What the round chose by choose() gave: its depth, the drafts kept, and its cost (ms).
   void record(int k, int accepted, double cost_ms);
+  // A new request on the same machine and pair: the round costs stay (they are the machine's);
+  // each p_i restarts from max(its value, prior_accept) as a one-verdict prior (a good profile
+  // carries over, a depth the last request had stopped judging is opened again); the probe
+  // schedule starts over (no inherited long wait at plain).
+  void new_request();
 
   // ---- the model as it stands (tests, docs)
   int max_k() const { return max_k_; }
@@ -64,6 +69,7 @@ class DepthController {
     void add(double ms, int window);
   };
   int best_drafting_k(int K) const;  // argmax of rate over 1..K (ties: the smaller k)
+  double cost_from_others(int k) const;
 
   int max_k_;
   Params p_;

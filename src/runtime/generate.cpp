@@ -18,7 +18,7 @@ struct Generator::Run {
   Rng rng;
   GenStats stats;
   int k_req = 0;       // drafts asked for per round (auto: the most the controller may pick)
-  std::unique_ptr<DepthController> ctl;  // --draft-k auto: picks each round's k
+  DepthController* ctl = nullptr;  // --draft-k auto: picks each round's k (the Generator's)
   int pos = 0;         // P: the anchor's position = tokens the target has committed
   int resumed = 0;     // prompt tokens restored from a prefix snapshot (the prefill starts here)
   std::vector<int> snapshots;  // positions where the prefill stores snapshots, ascending
@@ -105,7 +105,14 @@ void Generator::begin(Run& run, const std::vector<int32_t>& prompt) {
   if (source_) {
     st.k_auto = run.opt.draft_k < 1;
     run.k_req = st.k_auto ? max_k_ : std::clamp(run.opt.draft_k, 1, max_k_);
-    if (st.k_auto) run.ctl = std::make_unique<DepthController>(max_k_);
+    if (st.k_auto) {
+      // One controller per Generator: round costs are the machine's and carry over; the
+      // acceptance profile carries over as a prior, and probing starts over
+      // (DepthController::new_request).
+      if (!depth_) depth_ = std::make_unique<DepthController>(max_k_);
+      depth_->new_request();
+      run.ctl = depth_.get();
+    }
     st.draft = source_->name();
   }
   st.k = run.k_req;

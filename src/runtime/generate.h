@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "model/target_model.h"
+#include "runtime/depth_controller.h"
 #include "runtime/draft_source.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampling.h"
@@ -106,6 +107,7 @@ class Generator {
   std::unique_ptr<TargetState> state_;
   int max_k_ = 0;
   PrefixCache* cache_ = nullptr;
+  std::unique_ptr<DepthController> depth_;  // --draft-k auto, kept across requests
 };
 
 }  // namespace qf
