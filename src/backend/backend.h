@@ -210,6 +210,25 @@ class Backend {
   // The same function for every weight dtype; int4, f16 and f32 weights run the matmul on the
   // rounded activations (no tensor-core GEMM for them yet).
   virtual void gemm(const WeightRef& W, const float* x, float* y, int M) { matmul(W, x, y, M); }
+  // ys[i] = gemm(W_i, x) for n weights with the same cols (one layer's projections): the same
+  // bits as n gemm calls; a GPU backend rounds x once for all of them.
+  virtual void gemm_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) {
+    for (int i = 0; i < n; i++) gemm(*Ws[i], x, ys[i], M);
+  }
+  // Prefill fusions: an elementwise op whose output only the next gemm reads, and that gemm, as
+  // one call; the same bits as the two ops in sequence. y = gemm(W, silu(gate) * up) with
+  // gate, up [M, W.cols]; gate's contents afterwards are unspecified.
+  virtual void swiglu_gemm(const WeightRef& W, float* gate, const float* up, float* y, int M) {
+    swiglu(gate, up, gate, static_cast<size_t>(M) * W.cols);
+    gemm(W, gate, y, M);
+  }
+  // y = gemm(W, rmsnorm_gated(x, gate, w)) over rows of n (M * W.cols / n of them); x's contents
+  // afterwards are unspecified.
+  virtual void rmsnorm_gated_gemm(const WeightRef& W, float* x, const float* gate, const float* w, float* y, int M,
+                                  int n, float eps) {
+    rmsnorm_gated(x, gate, w, x, static_cast<int>(static_cast<int64_t>(M) * W.cols / n), n, eps);
+    gemm(W, x, y, M);
+  }
   // gdn_rows without capture, computed chunk-parallel (chunks of kPrefillChunk rows from row 0,
   // state carried between chunks, conv tail handled as in gdn_rows).
   virtual void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w,

@@ -70,7 +70,7 @@ static void dump_rows(const DumpHook* dump, const std::string& name, const float
   if (dump && *dump) (*dump)(name, p, n);
 }
 
-// The layer's projections: matmul_group / matmul for decode and verify, one gemm per weight in prefill.
+// The layer's projections: matmul_group / matmul for decode and verify, gemm_group / gemm in prefill.
 static void project(Backend& be, bool prefill, const WeightRef* const* ws, float* const* ys, int n, const float* x,
                     int M) {
   if (!prefill) {
@@ -80,7 +80,10 @@ static void project(Backend& be, bool prefill, const WeightRef* const* ws, float
       be.matmul_group(ws, ys, n, x, M);
     return;
   }
-  for (int i = 0; i < n; i++) be.gemm(*ws[i], x, ys[i], M);
+  if (n == 1)
+    be.gemm(*ws[0], x, ys[0], M);
+  else
+    be.gemm_group(ws, ys, n, x, M);
 }
 static void project1(Backend& be, bool prefill, const WeightRef& w, const float* x, float* y, int M) {
   const WeightRef* ws[1] = {&w};
@@ -132,6 +135,10 @@ static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, in
   else
     be.gdn_rows(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd, io.gdn_state,
                 s.y.f(), M, io.capture);
+  if (io.prefill) {  // the norm writes the out projection's bf16 input directly (the same bits)
+    be.rmsnorm_gated_gemm(w.out, s.y.f(), s.z.f(), w.norm.ptr(), s.o.f(), M, gd.d_v, eps);
+    return;
+  }
   be.rmsnorm_gated(s.y.f(), s.z.f(), w.norm.ptr(), s.y.f(), M * gd.n_v_heads, gd.d_v, eps);
   project1(be, io.prefill, w.out, s.y.f(), s.o.f(), M);
 }
@@ -155,8 +162,12 @@ void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h
     float* ys[2] = {s.g.f(), s.u.f()};
     project(be, io.prefill, ws, ys, 2, s.a.f(), M);
   }
-  be.swiglu(s.g.f(), s.u.f(), s.g.f(), static_cast<size_t>(M) * I);
-  project1(be, io.prefill, w.mlp.down, s.g.f(), s.o.f(), M);
+  if (io.prefill) {
+    be.swiglu_gemm(w.mlp.down, s.g.f(), s.u.f(), s.o.f(), M);
+  } else {
+    be.swiglu(s.g.f(), s.u.f(), s.g.f(), static_cast<size_t>(M) * I);
+    project1(be, io.prefill, w.mlp.down, s.g.f(), s.o.f(), M);
+  }
   if (io.defer_add) return;  // h += s.o is left to the caller (the next layer's add_rmsnorm)
   be.add(h, s.o.f(), MH);
   dump_rows(dump, name + ".out", h, MH);

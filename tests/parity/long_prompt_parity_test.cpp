@@ -285,6 +285,22 @@ TEST_P(LongPromptParity, PrefillLayerOutputsMatchTransformers) {
   }
   EXPECT_TRUE(close(r.dumps["layer." + std::to_string(L - 1) + ".out"], ref_->f32("last_layer_out_bf16in"),
                     prefill_tol("last_layer_out"), "output of the last layer vs bf16in"));
+  // With QFLASH_TOL_REPORT=1: the prompt's last row alone, layer by layer (where a deviation of
+  // the last row's logits starts: a steady growth is rounding flips carried forward, a jump at
+  // one layer points at that layer's op).
+  if (std::getenv("QFLASH_TOL_REPORT")) {
+    const int H = m->config().hidden_size;
+    const int last = static_cast<int>(std::find(pos_.begin(), pos_.end(), T() - 1) - pos_.begin());
+    ASSERT_LT(last, P()) << "the fixture stores the last position";
+    auto row = [&](const std::vector<float>& v) {
+      return std::vector<float>(v.begin() + static_cast<size_t>(last) * H, v.begin() + static_cast<size_t>(last + 1) * H);
+    };
+    for (int l = 1; l < L; l++) {
+      const std::string k = "hidden." + std::to_string(l);
+      close(row(r.dumps["layer." + std::to_string(l - 1) + ".out"]), row(ref_->f32("hidden_bf16in." + std::to_string(l))),
+            prefill_tol(k), "last row: layer " + std::to_string(l - 1) + " out vs bf16in");
+    }
+  }
 }
 
 TEST_P(LongPromptParity, TokenByTokenDecodeMatchesTransformers) {

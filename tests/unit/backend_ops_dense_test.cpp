@@ -337,6 +337,90 @@ std::vector<OpCase> gemm_cases() {
 }
 QF_OP_SUITE(Gemm, gemm_cases);
 
+// gemm_group: n weights on one input (a layer's projections, the backend's own layout where it
+// has one) give the bits of n gemm calls; a group with a non-bf16 member too.
+void check_gemm_group(Backend& be, const std::vector<std::pair<DType, int64_t>>& members, int64_t K, bool relaid) {
+  const int M = 150, n = static_cast<int>(members.size());
+  const auto x = randn(static_cast<size_t>(M) * K, 61 + K);
+  const DeviceBuffer dx = to_device(be, x);
+  std::vector<DevWeight> dws;
+  std::vector<WeightRef> refs;
+  std::vector<const void*> relaid_copies;
+  for (int i = 0; i < n; i++) {
+    dws.push_back(upload_weight(be, random_weight(members[i].first, members[i].second, K, 880 + 7 * i + K)));
+    WeightRef w = dws.back().ref;
+    if (relaid) {
+      WeightRef t = w;
+      if (const void* c = be.relayout_matrix(w, &t.layout)) {
+        t.data = c;
+        if (t.layout == WeightRef::kTcQ4) t.scales = t.biases = nullptr;
+        relaid_copies.push_back(c);
+        w = t;
+      }
+    }
+    refs.push_back(w);
+  }
+  std::vector<std::unique_ptr<Out>> grouped, single;
+  std::vector<const WeightRef*> ws;
+  std::vector<float*> ys;
+  for (int i = 0; i < n; i++) {
+    grouped.push_back(std::make_unique<Out>(be, static_cast<size_t>(M) * members[i].second));
+    single.push_back(std::make_unique<Out>(be, static_cast<size_t>(M) * members[i].second));
+    ws.push_back(&refs[i]);
+    ys.push_back(grouped.back()->f());
+  }
+  be.gemm_group(ws.data(), ys.data(), n, dx.f(), M);
+  for (int i = 0; i < n; i++) be.gemm(refs[i], dx.f(), single[i]->f(), M);
+  for (int i = 0; i < n; i++)
+    EXPECT_TRUE(same_bits(grouped[i]->floats("grouped"), single[i]->floats("single"),
+                          cat("gemm_group member ", i, " vs its own gemm")));
+  for (const void* c : relaid_copies) be.release_weight(c);
+}
+
+std::vector<OpCase> gemm_group_cases() {
+  using V = std::vector<std::pair<DType, int64_t>>;
+  return {{"bf16_x3_k512", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 64}, {DType::BF16, 300}, {DType::BF16, 48}}, 512, false); }},
+          {"bf16_x2_k1024_relaid", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 128}, {DType::BF16, 96}}, 1024, true); }},
+          {"mixed_bf16_f32_k512", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 64}, {DType::F32, 37}}, 512, false); }}};
+}
+QF_OP_SUITE(GemmGroup, gemm_group_cases);
+
+// The prefill fusions (swiglu_gemm, rmsnorm_gated_gemm): the bits of the elementwise op followed
+// by gemm, on the same backend (tiled weights too, where the backend relays them out).
+void check_fused_gemm(Backend& be, bool gated_norm, int64_t N, int64_t K, int n, bool relaid) {
+  const int M = 130;
+  const size_t nx = static_cast<size_t>(M) * K;
+  const HostWeight W = random_weight(DType::BF16, N, K, 990 + N + K);
+  const DevWeight dw = upload_weight(be, W);
+  WeightRef w = dw.ref;
+  const void* copy = relaid ? be.relayout_matrix(dw.ref, &w.layout) : nullptr;
+  if (copy) w.data = copy;
+  const auto a = randn(nx, 71 + K), b = randn(nx, 72 + K), nw = randn(static_cast<size_t>(n), 73 + n);
+  const DeviceBuffer da1 = to_device(be, a), da2 = to_device(be, a), db = to_device(be, b), dnw = to_device(be, nw);
+  Out fused(be, static_cast<size_t>(M) * N), ref(be, static_cast<size_t>(M) * N);
+  if (gated_norm) {
+    be.rmsnorm_gated_gemm(w, da1.f(), db.f(), dnw.f(), fused.f(), M, n, 1e-6f);
+    be.rmsnorm_gated(da2.f(), db.f(), dnw.f(), da2.f(), static_cast<int>(nx / n), n, 1e-6f);
+  } else {
+    be.swiglu_gemm(w, da1.f(), db.f(), fused.f(), M);
+    be.swiglu(da2.f(), db.f(), da2.f(), nx);
+  }
+  be.gemm(w, da2.f(), ref.f(), M);
+  EXPECT_TRUE(same_bits(fused.floats("fused"), ref.floats("op then gemm"),
+                        gated_norm ? "rmsnorm_gated_gemm vs rmsnorm_gated + gemm" : "swiglu_gemm vs swiglu + gemm"));
+  if (copy) be.release_weight(copy);
+}
+
+std::vector<OpCase> fused_gemm_cases() {
+  return {{"swiglu_n300_k1024", [](Backend& be) { check_fused_gemm(be, false, 300, 1024, 0, false); }},
+          {"swiglu_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, false, 128, 1024, 0, true); }},
+          {"swiglu_n37_k203", [](Backend& be) { check_fused_gemm(be, false, 37, 203, 0, false); }},
+          {"rmsnorm_gated_n64_k768_d128", [](Backend& be) { check_fused_gemm(be, true, 64, 768, 128, false); }},
+          {"rmsnorm_gated_n96_k1024_d128_relaid", [](Backend& be) { check_fused_gemm(be, true, 96, 1024, 128, true); }},
+          {"rmsnorm_gated_n40_k192_d64", [](Backend& be) { check_fused_gemm(be, true, 40, 192, 64, false); }}};
+}
+QF_OP_SUITE(FusedGemm, fused_gemm_cases);
+
 // Model-size shapes (accelerators only): the lm_head (248320 x 5120) and the MLP projections,
 // weights made with fill_random so the host can recompute any row: 300 sampled rows (and the
 // first and last two) against float64, and the M = 8 call against M = 1 calls bit for bit.

@@ -669,6 +669,38 @@ TEST(CudaGdnChunked, MatchesGdnRowsAfterDecodeSteps) {
 // at the scale where a quantity enters the outputs, max(max|ref|, unit): decays, beta <= 1 and
 // unit keys bound e^G, e^(G_L - G), W and k by 1, and Aqk and q by d_k^-0.5 (under strong decay
 // the largest e^G of a tensor can be a float denormal, whose relative precision means nothing).
+// The sequential stage with 4 or 8 warps per block: the same bits (each element's products and
+// their order do not depend on which warp computes them), on the 27B heads and the small shapes
+// (d_k 96 always runs 4 warps: the check there is that the choice falls back), over several chunks.
+TEST(CudaGdnChunked, WarpCountsAgreeBitForBit) {
+  NEED_GPU();
+  for (const GdnDims& d : {dims(16, 48, 128, 128, 4), dims(2, 6, 64, 64, 4), dims(2, 4, 96, 32, 3)}) {
+    const int M = 259;
+    const Inputs in = make_inputs(d, M, Decay::Mixed, 313);
+    DevInputs di(G, in);
+    const size_t ny = static_cast<size_t>(M) * d.value_dim(), nsc = cuda::gdn_chunk_scratch_floats(d, M);
+    std::vector<std::vector<float>> ys, ss;
+    for (int warps : {4, 8}) {
+      DeviceBuffer st, y;
+      fresh(G, in, st, y);
+      DeviceBuffer scr = DevInputs::up(G, std::vector<float>(nsc, NAN));
+      G->sync();
+      cudaStream_t cs = nullptr;
+      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+      cuda::gdn_chunked(di.mixed.f(), di.alpha.f(), di.beta.f(), di.conv.f(), di.A_log.f(), di.dt.f(), d, st.f(), y.f(),
+                        M, scr.f(), cs, warps);
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
+      cudaStreamDestroy(cs);
+      ys.push_back(down(G, y, ny));
+      ss.push_back(down(G, st, d.state_floats()));
+    }
+    const std::string tag = tag_of(d, M, Decay::Mixed);
+    for (float v : ys[0]) ASSERT_FALSE(std::isnan(v)) << tag << ": an output row was not written";
+    ASSERT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), ny * sizeof(float))) << tag << ": y, 4 vs 8 warps";
+    ASSERT_EQ(0, std::memcmp(ss[0].data(), ss[1].data(), ss[0].size() * sizeof(float))) << tag << ": state";
+  }
+}
+
 TEST(CudaGdnChunked, ParallelStageMatchesFormulas) {
   NEED_GPU();
   for (const GdnDims& d : {dims(2, 6, 64, 64, 4), dims(1, 2, 32, 64, 2), dims(16, 48, 128, 128, 4)})

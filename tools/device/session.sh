@@ -201,6 +201,41 @@ want adaptive && step adaptivedemo 120 plain "$BIN/qflash" bench --device cuda \
 want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
 want parity && step parity 150 gtest "$BIN/qflash_tests" \
   --gtest_filter='Fixtures/LongPromptParity.*cuda*' --gtest_color=no
+# Prefill diagnosis (issue 12): the long-prompt parity cases of the micro model on cpu and cuda
+# with every comparison's error / tolerance printed, the last row layer by layer (QFLASH_TOL_REPORT);
+# the kernel profile of one 8,192-row prefill chunk; 8k and 32k prompts at larger prefill chunks
+# (PCHUNKS, default "8192 16384"); Nsight Compute on the chunked-GDN and attention-prefill kernels.
+want prefdiag && QFLASH_TOL_REPORT=1 step prefdiag 150 gtest "$BIN/qflash_tests" \
+  --gtest_filter='Fixtures/LongPromptParity.Prefill*/micro_*' --gtest_color=no
+want prefprof && step prefprof 200 plain "$BIN/qflash" bench --device cuda \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --prompt-len 8192 --max-context 8448 --prefill-chunk 8192 --ops-only --no-mtp --reps 3 --profile \
+  --json "$LOG/prefill_8k_profile.json"
+if want prefchunk; then
+  for pc in ${PCHUNKS:-8192 16384}; do
+    step "prefill8k_c$pc" 120 plain "$BIN/qflash" bench --device cuda \
+      --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+      --prompt-len 8192 --max-context 8448 --prefill-chunk "$pc" --ops-only --no-mtp --reps 3 \
+      --json "$LOG/prefill_8k_c$pc.json"
+    step "prefill32k_c$pc" 180 plain "$BIN/qflash" bench --device cuda \
+      --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+      --prompt-len 32768 --max-context 33024 --prefill-chunk "$pc" --ops-only --no-mtp --reps 2 \
+      --json "$LOG/prefill_32k_c$pc.json"
+  done
+fi
+want gdnrows && step gdntests 90 gtest "$BIN/qflash_tests" --gtest_filter='CudaGdnChunked.*:Op/GdnChunked*_cuda' --gtest_color=no
+want gdnrows && QFLASH_GDN_WARPS=4 step gdnbench_warps4 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
+if want ncuprefill && [[ -n "$NCU" ]]; then
+  step ncugdn 150 plain "$NCU" --clock-control none --kernel-name regex:"gdn_chunk_(prep|recur)" --launch-count 2 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    "$BIN/qflash_gdn_bench" --rows 8192 --no-rows --reps 1
+  step ncuattn 200 plain "$NCU" --clock-control none --kernel-name regex:"attn_prefill" --launch-skip 1 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+    "$BIN/qflash" bench --device cuda --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+    --prompt-len 4096 --max-context 4352 --prefill-chunk 4096 --ops-only --no-mtp --reps 1
+fi
 # Prefix reuse (issue 13): snapshot/restore identity on cuda, then the time to first token of a
 # second turn on a 16k-token conversation, resumed from the cache vs prefilled cold.
 want prefix && step prefix_tests 150 gtest "$BIN/qflash_tests" \

@@ -56,6 +56,46 @@ void CudaBackend::gemm(const WeightRef& W, const float* x, float* y, int M) {
     matmul(W, xr, y, M);
 }
 
+// A projection group (one layer's weights on the same input): the input is rounded once when
+// every weight is bf16; otherwise each weight runs as gemm().
+void CudaBackend::gemm_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) {
+  bool bf16 = n > 0;
+  for (int i = 0; i < n; i++) bf16 = bf16 && Ws[i]->dtype == DType::BF16 && Ws[i]->cols == Ws[0]->cols;
+  if (!bf16) {
+    Backend::gemm_group(Ws, ys, n, x, M);
+    return;
+  }
+  gemm_.run_group(Ws, ys, n, x, M, st_);
+}
+
+// The prefill fusions (backend.h): the producer writes the bf16 GEMM input directly (the same
+// values gemm's rounding of its fp32 output would give); other weight dtypes run the two ops.
+void CudaBackend::swiglu_gemm(const WeightRef& W, float* gate, const float* up, float* y, int M) {
+  if (W.dtype != DType::BF16 || M <= 0) {
+    Backend::swiglu_gemm(W, gate, up, y, M);
+    return;
+  }
+  const size_t n = static_cast<size_t>(M) * W.cols;
+  uint16_t* xb = gemm_.input_bf16(n, st_);
+  cuda::swiglu_bf16(gate, up, xb, n, st_);
+  gemm_.run_bf16(W, xb, y, M, st_);
+}
+
+void CudaBackend::rmsnorm_gated_gemm(const WeightRef& W, float* x, const float* gate, const float* w, float* y, int M,
+                                     int n, float eps) {
+  const int64_t total = static_cast<int64_t>(M) * W.cols;
+  if (W.dtype != DType::BF16 || M <= 0 || n <= 0 || total % n != 0) {
+    Backend::rmsnorm_gated_gemm(W, x, gate, w, y, M, n, eps);
+    return;
+  }
+  uint16_t* xb = gemm_.input_bf16(static_cast<size_t>(total), st_);
+  if (!cuda::rmsnorm_gated_bf16(x, gate, w, xb, static_cast<int>(total / n), n, eps, st_)) {
+    Backend::rmsnorm_gated_gemm(W, x, gate, w, y, M, n, eps);
+    return;
+  }
+  gemm_.run_bf16(W, xb, y, M, st_);
+}
+
 void CudaBackend::embed(const WeightRef& E, const int32_t* ids, float* out, int M) {
   cuda::embed(E, ids, out, M, err_dev_, st_);
 }

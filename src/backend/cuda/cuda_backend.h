@@ -72,6 +72,10 @@ class CudaBackend final : public Backend {
   void matmul(const WeightRef& W, const float* x, float* y, int M) override;
   void matmul_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) override;
   void gemm(const WeightRef& W, const float* x, float* y, int M) override;
+  void gemm_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) override;
+  void swiglu_gemm(const WeightRef& W, float* gate, const float* up, float* y, int M) override;
+  void rmsnorm_gated_gemm(const WeightRef& W, float* x, const float* gate, const float* w, float* y, int M, int n,
+                          float eps) override;
   void embed(const WeightRef& E, const int32_t* ids, float* out, int M) override;
   void rmsnorm(const float* x, const float* w, float* y, int rows, int n, float eps) override;
   void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, int rows, int n,

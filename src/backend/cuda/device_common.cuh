@@ -34,6 +34,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // softplus with torch's threshold 20. Plain IEEE division (no fast-math).
 __device__ __forceinline__ float silu_f(float x) { return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x))); }
 __device__ __forceinline__ float sigmoid_f(float x) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-x))); }
+__device__ __forceinline__ float swiglu_f(float g, float u) { return __fmul_rn(silu_f(g), u); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }

@@ -68,9 +68,14 @@ constexpr int kNormPer = 32;
 
 // Before pdl_wait(): the norm weights (weights are never written by a kernel in flight) and a
 // touch of the row's pages; the row itself only after.
-template <bool WARP_ROWS, bool GATED>
+// OUT: float, or uint16_t for bf16 (f32_to_bf16_bits of the same fp32 value: the prefill's fused
+// norm + gemm input, Backend::rmsnorm_gated_gemm).
+__device__ __forceinline__ void store_out(float* y, int i, float v) { y[i] = v; }
+__device__ __forceinline__ void store_out(uint16_t* y, int i, float v) { y[i] = f32_to_bf16_bits(v); }
+
+template <bool WARP_ROWS, bool GATED, class OUT = float>
 __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, const float* gate,
-                                                             const float* __restrict__ w, float* y, int rows, int n,
+                                                             const float* __restrict__ w, OUT* y, int rows, int n,
                                                              float eps) {
   pdl_trigger();
   __shared__ float sh[kBlock / 32];
@@ -80,7 +85,7 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, con
     return;
   }
   const float* xr = x + static_cast<size_t>(r) * n;
-  float* yr = y + static_cast<size_t>(r) * n;
+  OUT* yr = y + static_cast<size_t>(r) * n;
   const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
   const int step = WARP_ROWS ? 32 : kBlock;
   float wv[kNormPer];
@@ -109,9 +114,9 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, con
     const int i = t0 + k * step;
     if (i >= n) break;
     if constexpr (GATED)
-      yr[i] = __fmul_rn(__fmul_rn(wv[k], __fmul_rn(v[k], inv)), silu_f(gv[k]));
+      store_out(yr, i, __fmul_rn(__fmul_rn(wv[k], __fmul_rn(v[k], inv)), silu_f(gv[k])));
     else
-      yr[i] = __fmul_rn(__fmul_rn(v[k], inv), wv[k]);
+      store_out(yr, i, __fmul_rn(__fmul_rn(v[k], inv), wv[k]));
   }
 }
 
@@ -232,10 +237,33 @@ __global__ void ew_kernel(float* y, const float* a, const float* b, float s, siz
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     if constexpr (OP == EwOp::Add) y[i] = __fadd_rn(y[i], a[i]);
     if constexpr (OP == EwOp::Scale) y[i] = __fmul_rn(y[i], s);
-    if constexpr (OP == EwOp::Swiglu) y[i] = __fmul_rn(silu_f(a[i]), b[i]);
+    if constexpr (OP == EwOp::Swiglu) y[i] = swiglu_f(a[i], b[i]);
     if constexpr (OP == EwOp::SigmoidMul) y[i] = __fmul_rn(y[i], sigmoid_f(a[i]));
     if constexpr (OP == EwOp::Softcap) y[i] = __fmul_rn(tanhf(__fdiv_rn(y[i], s)), s);
   }
+}
+
+// swiglu with bf16 output (f32_to_bf16_bits of swiglu's fp32 value): the prefill's fused
+// down-projection input (Backend::swiglu_gemm). Four elements per step where aligned.
+__global__ void swiglu_bf16_kernel(const float* __restrict__ g, const float* __restrict__ u, uint16_t* __restrict__ out,
+                                   size_t n, bool vec) {
+  pdl_trigger();
+  pdl_wait();
+  const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const size_t i0 = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  size_t tail = 0;
+  if (vec) {
+    const size_t n4 = n / 4;
+    for (size_t j = i0; j < n4; j += stride) {
+      const float4 a = reinterpret_cast<const float4*>(g)[j], b = reinterpret_cast<const float4*>(u)[j];
+      uint2 o;
+      o.x = f32_to_bf16_bits(swiglu_f(a.x, b.x)) | (static_cast<uint32_t>(f32_to_bf16_bits(swiglu_f(a.y, b.y))) << 16);
+      o.y = f32_to_bf16_bits(swiglu_f(a.z, b.z)) | (static_cast<uint32_t>(f32_to_bf16_bits(swiglu_f(a.w, b.w))) << 16);
+      reinterpret_cast<uint2*>(out)[j] = o;
+    }
+    tail = n4 * 4;
+  }
+  for (size_t j = tail + i0; j < n; j += stride) out[j] = f32_to_bf16_bits(swiglu_f(g[j], u[j]));
 }
 
 template <EwOp OP>
@@ -406,6 +434,27 @@ void add(float* y, const float* x, size_t n, cudaStream_t st) { ew_launch<EwOp::
 void scale(float* y, float s, size_t n, cudaStream_t st) { ew_launch<EwOp::Scale>(y, nullptr, nullptr, s, n, st); }
 void swiglu(const float* g, const float* u, float* out, size_t n, cudaStream_t st) {
   ew_launch<EwOp::Swiglu>(out, g, u, 0, n, st);
+}
+void swiglu_bf16(const float* g, const float* u, uint16_t* out, size_t n, cudaStream_t st) {
+  if (n == 0) return;
+  const bool vec = ((reinterpret_cast<uintptr_t>(g) | reinterpret_cast<uintptr_t>(u)) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  launch_k(swiglu_bf16_kernel, dim3(grid_for(vec ? (n + 3) / 4 : n, kBlock, 132 * 16)), dim3(kBlock), 0, st, g, u, out,
+           n, vec);
+  QF_CUDA_LAUNCH_CHECK("swiglu_bf16_kernel");
+}
+bool rmsnorm_gated_bf16(const float* x, const float* gate, const float* w, uint16_t* y, int rows, int n, float eps,
+                        cudaStream_t st) {
+  if (rows <= 0 || n <= 0) return true;
+  if (n <= 1024)
+    launch_k(rmsnorm_reg_kernel<true, true, uint16_t>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, x, gate, w, y, rows,
+             n, eps);
+  else if (n <= kNormPer * kBlock)
+    launch_k(rmsnorm_reg_kernel<false, true, uint16_t>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  else
+    return false;
+  QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+  return true;
 }
 void sigmoid_mul(float* y, const float* g, size_t n, cudaStream_t st) {
   ew_launch<EwOp::SigmoidMul>(y, g, nullptr, 0, n, st);

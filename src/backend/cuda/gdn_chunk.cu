@@ -37,6 +37,8 @@
 // repeats the same operations on the same values.
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/gdn_chunk.h"
@@ -52,7 +54,6 @@ constexpr int kPrepThreads = 2 * kMaxD;  // threads [0, d_k) solve columns of W,
 constexpr int kLdG = kC + 1;             // Gram rows in shared memory
 constexpr int kLdA = kC + 4;             // A rows: 16-byte aligned for float4 broadcasts
 constexpr int kPrepHead = 5 * kC;        // G (double) + beta + beta e^G + pad, in floats
-constexpr int kRecThreads = 128;  // 4 warps
 
 // ---- 1. parallel stage ----------------------------------------------------------------------
 struct PrepArgs {
@@ -268,17 +269,28 @@ __global__ void gdn_chunk_tail_kernel(const float* __restrict__ mixed, float* ta
 
 // ---- 3. sequential stage --------------------------------------------------------------------
 
-__device__ __forceinline__ void prefetch_l2(const float* p, size_t floats, int tid) {
+__device__ __forceinline__ void prefetch_l2(const float* p, size_t floats, int tid, int threads) {
   const char* b = reinterpret_cast<const char*>(p);
-  for (size_t off = static_cast<size_t>(tid) * 128; off < floats * sizeof(float); off += kRecThreads * 128)
+  for (size_t off = static_cast<size_t>(tid) * 128; off < floats * sizeof(float); off += static_cast<size_t>(threads) * 128)
     touch_l2(b + off);
 }
 
-template <int DK>
-__global__ void __launch_bounds__(kRecThreads) gdn_chunk_recur_kernel(const RecArgs a) {
+// WARPS = 4 or 8. Warp w owns the 16-row band b = w % 4 of Delta and y (rows 16 b .. 16 b + 15)
+// and 1 / CS of its columns (CS = WARPS / 4 warps per band), and DK / WARPS columns of S in the
+// update. Each element's arithmetic is the same for either count (the same products in the same
+// order), so 4 and 8 warps give the same bits (CudaGdnChunked.WarpCountsAgreeBitForBit); 8 halves
+// each warp's serial instruction stream per chunk, which is what bounds this kernel (Nsight Compute,
+// docs/experiments/prefill_kernels.md).
+template <int DK, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecArgs a) {
+  static_assert(WARPS == 4 || WARPS == 8, "four 16-row bands of the chunk, one or two warps each");
+  constexpr int THREADS = WARPS * 32;
+  constexpr int CS = WARPS / 4;         // warps per band
+  constexpr int NI = kRows / 8 / CS;    // 8-column n-tiles of Delta and y per warp
   constexpr int KS = DK / 8;   // k-steps over d_k
-  constexpr int JW = DK / 4;   // columns of S per warp in the update
+  constexpr int JW = DK / WARPS;  // columns of S per warp in the update
   constexpr int NJ = JW / 8;   // n-tiles of those columns
+  static_assert(JW % 8 == 0, "d_k / WARPS must be a multiple of 8");
   constexpr int LDS = DK + 4;  // row stride = 4 (mod 32): B-fragment reads of S hit 32 banks
   constexpr int LDD = kRows + 8;  // row stride = 8 (mod 32): fragment reads of Delta hit 32 banks
   __shared__ __align__(16) float Ss[kRows * LDS];  // S0 rows of this block
@@ -289,9 +301,10 @@ __global__ void __launch_bounds__(kRecThreads) gdn_chunk_recur_kernel(const RecA
   const int h = blockIdx.x, i0 = blockIdx.y * kRows, kh = h / a.ratio;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, q = lane & 3;
   float* Sg = a.S + (static_cast<size_t>(h) * a.dv + i0) * DK;
-  for (int e = tid; e < kRows * DK; e += kRecThreads) Ss[(e / DK) * LDS + e % DK] = Sg[e];
+  for (int e = tid; e < kRows * DK; e += THREADS) Ss[(e / DK) * LDS + e % DK] = Sg[e];
   __syncthreads();
-  const int jw = warp * JW, s0 = 16 * warp;  // this warp's columns of S, rows of Delta and y
+  const int band = warp & 3, c0 = 8 * NI * (warp >> 2);  // this warp's rows and first column of Delta and y
+  const int jw = warp * JW, s0 = 16 * band;              // its columns of S, its first row of Delta and y
   float sacc[2][NJ][4];
 #pragma unroll
   for (int mt = 0; mt < 2; mt++)
@@ -317,16 +330,16 @@ __global__ void __launch_bounds__(kRecThreads) gdn_chunk_recur_kernel(const RecA
       ers[tid] = a.sc.er[hc * kC + tid];
     }
     if (c + 1 < a.nc) {  // the next chunk's operands into L2 while this one computes
-      prefetch_l2(Wc + static_cast<size_t>(a.Hv) * kC * DK, kC * DK, tid);
-      prefetch_l2(Qc + static_cast<size_t>(a.Hk) * kC * DK, kC * DK, tid);
-      prefetch_l2(Kc + static_cast<size_t>(a.Hk) * kC * DK, kC * DK, tid);
-      prefetch_l2(Ac + static_cast<size_t>(a.Hv) * kC * kC, kC * kC, tid);
+      prefetch_l2(Wc + static_cast<size_t>(a.Hv) * kC * DK, kC * DK, tid, THREADS);
+      prefetch_l2(Qc + static_cast<size_t>(a.Hk) * kC * DK, kC * DK, tid, THREADS);
+      prefetch_l2(Kc + static_cast<size_t>(a.Hk) * kC * DK, kC * DK, tid, THREADS);
+      prefetch_l2(Ac + static_cast<size_t>(a.Hv) * kC * kC, kC * kC, tid, THREADS);
       if (tid < kC) touch_l2(Uc + static_cast<size_t>(a.Hv) * kC * a.dv + static_cast<size_t>(tid) * a.dv);
     }
-    // (1) Delta = U - W S0^T and P = Q S0^T for rows s0..s0+15, all 32 columns
-    float dacc[4][4], pacc[4][4];
+    // (1) Delta = U - W S0^T and P = Q S0^T for rows s0..s0+15, columns c0..c0+8 NI-1
+    float dacc[NI][4], pacc[NI][4];
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < NI; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) dacc[nt][e] = pacc[nt][e] = 0.0f;
 #pragma unroll
@@ -336,16 +349,16 @@ __global__ void __launch_bounds__(kRecThreads) gdn_chunk_recur_kernel(const RecA
       const FragA fw = frag_a(w0[0], w0[8 * DK], w0[4], w0[8 * DK + 4]);
       const FragA fq = frag_a(q0[0], q0[8 * DK], q0[4], q0[8 * DK + 4]);
 #pragma unroll
-      for (int nt = 0; nt < 4; nt++) {
-        const float* sr = Ss + (8 * nt + g) * LDS + 8 * ks + q;
+      for (int nt = 0; nt < NI; nt++) {
+        const float* sr = Ss + (c0 + 8 * nt + g) * LDS + 8 * ks + q;
         const FragB fb = frag_b(sr[0], sr[4]);
         mma3(dacc[nt], fw, fb);
         mma3(pacc[nt], fq, fb);
       }
     }
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++) {
-      const int i = 8 * nt + 2 * q, s = s0 + g;
+    for (int nt = 0; nt < NI; nt++) {
+      const int i = c0 + 8 * nt + 2 * q, s = s0 + g;
       Ds[s * LDD + i] = __fsub_rn(Uc[static_cast<size_t>(s) * a.dv + i], dacc[nt][0]);
       Ds[s * LDD + i + 1] = __fsub_rn(Uc[static_cast<size_t>(s) * a.dv + i + 1], dacc[nt][1]);
       Ds[(s + 8) * LDD + i] = __fsub_rn(Uc[static_cast<size_t>(s + 8) * a.dv + i], dacc[nt][2]);
@@ -357,25 +370,25 @@ __global__ void __launch_bounds__(kRecThreads) gdn_chunk_recur_kernel(const RecA
     {
       const float e0 = egs[s0 + g], e1 = egs[s0 + g + 8];
 #pragma unroll
-      for (int nt = 0; nt < 4; nt++) {
+      for (int nt = 0; nt < NI; nt++) {
         pacc[nt][0] = __fmul_rn(pacc[nt][0], e0);
         pacc[nt][1] = __fmul_rn(pacc[nt][1], e0);
         pacc[nt][2] = __fmul_rn(pacc[nt][2], e1);
         pacc[nt][3] = __fmul_rn(pacc[nt][3], e1);
       }
-      for (int ks = 0; ks < 2 * warp + 2; ks++) {
+      for (int ks = 0; ks < 2 * band + 2; ks++) {
         const float* a0 = Ac + (s0 + g) * kC + 8 * ks + q;
         const FragA fa = frag_a(a0[0], a0[8 * kC], a0[4], a0[8 * kC + 4]);
 #pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-          const float* dr = Ds + (8 * ks + q) * LDD + 8 * nt + g;
+        for (int nt = 0; nt < NI; nt++) {
+          const float* dr = Ds + (8 * ks + q) * LDD + c0 + 8 * nt + g;
           mma3(pacc[nt], fa, frag_b(dr[0], dr[4 * LDD]));
         }
       }
       float* yr = a.y + static_cast<size_t>(c) * kC * a.VD + static_cast<size_t>(h) * a.dv + i0;
 #pragma unroll
-      for (int nt = 0; nt < 4; nt++) {
-        const int i = 8 * nt + 2 * q;
+      for (int nt = 0; nt < NI; nt++) {
+        const int i = c0 + 8 * nt + 2 * q;
         if (s0 + g < L) {
           yr[static_cast<size_t>(s0 + g) * a.VD + i] = pacc[nt][0];
           yr[static_cast<size_t>(s0 + g) * a.VD + i + 1] = pacc[nt][1];
@@ -439,6 +452,15 @@ __global__ void __launch_bounds__(kRecThreads) gdn_chunk_recur_kernel(const RecA
     }
 }
 
+// QFLASH_GDN_WARPS=4: the recurrence in blocks of 4 warps (an A/B switch; read once per process).
+int recur_warps_env() {
+  static const int w = [] {
+    const char* e = std::getenv("QFLASH_GDN_WARPS");
+    return e && std::strcmp(e, "4") == 0 ? 4 : 8;
+  }();
+  return w;
+}
+
 size_t prep_smem_bytes(int dk) {
   const int ldq = dk + 1;
   return static_cast<size_t>(kPrepHead + 2 * kC * ldq + 2 * kC * kLdG + (ldq >= kLdA ? 0 : kC * kLdA)) *
@@ -473,8 +495,10 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* p) {
 
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st) {
+                 cudaStream_t st, int recur_warps) {
   if (M <= 0) return;
+  if (recur_warps != 0 && recur_warps != 4 && recur_warps != 8)
+    backend_fail("cuda gdn_chunked: %d warps per recurrence block (4 or 8)", recur_warps);
   if (!gdn_chunk_supported(d))
     backend_fail("cuda gdn_chunked: unsupported dims (k heads %d, v heads %d, d_k %d, d_v %d, conv %d): d_k and d_v "
                  "must be multiples of 32 up to %d, conv 1..%d, v heads a multiple of k heads",
@@ -512,12 +536,23 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   ra.ratio = pa.ratio;
   ra.dv = d.d_v;
   ra.VD = d.value_dim();
+  // 8 warps where d_k / 8 is a multiple of 8 (d_k 64, 128), else 4; QFLASH_GDN_WARPS=4 or the
+  // recur_warps argument picks 4 (an A/B of the same bits).
+  const int want = recur_warps ? recur_warps : recur_warps_env();
+  const int warps = want == 4 || d.d_k % 64 != 0 ? 4 : 8;
   const dim3 grid(d.n_v_heads, d.d_v / kRows);
-  switch (d.d_k) {
-    case 32: launch_k(gdn_chunk_recur_kernel<32>, grid, dim3(kRecThreads), 0, st, ra); break;
-    case 64: launch_k(gdn_chunk_recur_kernel<64>, grid, dim3(kRecThreads), 0, st, ra); break;
-    case 96: launch_k(gdn_chunk_recur_kernel<96>, grid, dim3(kRecThreads), 0, st, ra); break;
-    default: launch_k(gdn_chunk_recur_kernel<128>, grid, dim3(kRecThreads), 0, st, ra); break;
+  if (warps == 8) {
+    if (d.d_k == 64)
+      launch_k(gdn_chunk_recur_kernel<64, 8>, grid, dim3(8 * 32), 0, st, ra);
+    else
+      launch_k(gdn_chunk_recur_kernel<128, 8>, grid, dim3(8 * 32), 0, st, ra);
+  } else {
+    switch (d.d_k) {
+      case 32: launch_k(gdn_chunk_recur_kernel<32, 4>, grid, dim3(4 * 32), 0, st, ra); break;
+      case 64: launch_k(gdn_chunk_recur_kernel<64, 4>, grid, dim3(4 * 32), 0, st, ra); break;
+      case 96: launch_k(gdn_chunk_recur_kernel<96, 4>, grid, dim3(4 * 32), 0, st, ra); break;
+      default: launch_k(gdn_chunk_recur_kernel<128, 4>, grid, dim3(4 * 32), 0, st, ra); break;
+    }
   }
   QF_CUDA_LAUNCH_CHECK("gdn_chunk_recur_kernel");
 }

@@ -29,8 +29,10 @@ size_t gdn_chunk_scratch_floats(const GdnDims& d, int M);
 GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* scratch);
 
 // Backend::gdn_chunked for a supported shape; scratch holds gdn_chunk_scratch_floats(d, M).
+// recur_warps: warps per block of the sequential stage, 4 or 8 (the same bits either way; 8 is
+// taken only where d_k is a multiple of 64); 0 = QFLASH_GDN_WARPS, else 8.
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st);
+                 cudaStream_t st, int recur_warps = 0);
 
 }  // namespace qf::cuda

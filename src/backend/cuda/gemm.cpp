@@ -44,6 +44,7 @@ Route route_from_env() {
 }
 bool simt_forced() { return route_from_env() == Route::Simt; }
 
+
 uint32_t algo_u32(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
   uint32_t v = 0;
   size_t got = 0;
@@ -135,7 +136,9 @@ GemmRunner::Plan& GemmRunner::plan_for(int64_t N, int64_t K) {
     Layout a(CUDA_R_16BF, K, N, K), b(CUDA_R_16BF, K, kRefM, K), d(CUDA_R_32F, N, kRefM, N);
     cublasLtMatmulPreference_t pref = nullptr;
     lt_check(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-    // No workspace: configurations that split K (or fix up partial tiles) need one.
+    // No workspace: configurations that split K (or fix up partial tiles) need one. (Offering
+    // 64 MB changes nothing: the heuristic's first answer is the same configuration on every 27B
+    // shape; docs/experiments/prefill_kernels.md.)
     const uint64_t ws = 0;
     const uint32_t align = 16;
     cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
@@ -177,7 +180,7 @@ GemmRunner::Plan& GemmRunner::plan_for(int64_t N, int64_t K) {
 bool GemmRunner::run(const WeightRef& W, const float* x, float* y, int M, cudaStream_t st, const float** xr) {
   if (M <= 0) return true;
   if (!W.data || W.rows <= 0 || W.cols <= 0) backend_fail("cuda gemm: empty weight");
-  const int64_t N = W.rows, K = W.cols;
+  const int64_t K = W.cols;
   const size_t nx = static_cast<size_t>(M) * K;
   if (W.dtype != DType::BF16) {
     float* r = static_cast<float*>(grow(xr_, xr_bytes_, nx * 4, st));
@@ -187,10 +190,30 @@ bool GemmRunner::run(const WeightRef& W, const float* x, float* y, int M, cudaSt
   }
   uint16_t* xb = static_cast<uint16_t*>(grow(xb_, xb_bytes_, nx * 2, st));
   gemm_to_bf16(x, xb, nx, st);
+  run_bf16(W, xb, y, M, st);
+  return true;
+}
+
+void GemmRunner::run_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M,
+                           cudaStream_t st) {
+  if (M <= 0 || n <= 0) return;
+  const int64_t K = Ws[0]->cols;
+  for (int i = 0; i < n; i++) {
+    if (!Ws[i]->data || Ws[i]->rows <= 0 || Ws[i]->cols != K || Ws[i]->dtype != DType::BF16)
+      backend_fail("cuda gemm group: weight %d of %d is not a bf16 [*, %lld] matrix", i, n, (long long)K);
+  }
+  const size_t nx = static_cast<size_t>(M) * K;
+  uint16_t* xb = static_cast<uint16_t*>(grow(xb_, xb_bytes_, nx * 2, st));
+  gemm_to_bf16(x, xb, nx, st);  // once for the group: every weight reads the same rounded rows
+  for (int i = 0; i < n; i++) run_bf16(*Ws[i], xb, ys[i], M, st);
+}
+
+void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st) {
+  const int64_t N = W.rows, K = W.cols;
   Plan& p = plan_for(N, K);
   if (!p.lt) {
     gemm_simt(W, xb, y, M, st);
-    return true;
+    return;
   }
   const void* w = W.data;
   if (W.layout == WeightRef::kTc32x64) {
@@ -233,7 +256,6 @@ bool GemmRunner::run(const WeightRef& W, const float* x, float* y, int M, cudaSt
   if (prof_on()) prof_after(gemm_lt_marker(), 0, 0, st);
   if (stage_y)
     QF_CUDA_CHECK(cudaMemcpyAsync(y, yd, static_cast<size_t>(M) * N * 4, cudaMemcpyDeviceToDevice, st));
-  return true;
 }
 
 std::string GemmRunner::describe() const {

@@ -55,6 +55,13 @@ class GemmRunner {
   // its matmul on xr (the same function, backend.h). Grows its scratch buffers as needed (a
   // stream sync then), so it must not run inside a graph capture.
   bool run(const WeightRef& W, const float* x, float* y, int M, cudaStream_t st, const float** xr);
+  // run() for n bf16 weights [*, K] that read the same x: x is rounded to bf16 once for all of
+  // them (the same bits as n run() calls).
+  void run_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M, cudaStream_t st);
+  // For the prefill fusions: the bf16 input buffer (at least n elements; grown before any work is
+  // enqueued on it), then y = xb W^T for a bf16 weight (either layout).
+  uint16_t* input_bf16(size_t n, cudaStream_t st) { return static_cast<uint16_t*>(grow(xb_, xb_bytes_, n * 2, st)); }
+  void run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st);
   // One line per weight shape seen so far: the route and, for cuBLASLt, the pinned configuration.
   std::string describe() const;
 

@@ -63,6 +63,11 @@ void rmsnorm_gated(const float* x, const float* gate, const float* w, float* y, 
 void add(float* y, const float* x, size_t n, cudaStream_t st);
 void scale(float* y, float s, size_t n, cudaStream_t st);
 void swiglu(const float* g, const float* u, float* out, size_t n, cudaStream_t st);
+// The prefill fusions' producers: the same fp32 values as swiglu / rmsnorm_gated, stored as bf16
+// (round to nearest even, qf::f32_to_bf16). rmsnorm_gated_bf16 returns false for rows over 8192.
+void swiglu_bf16(const float* g, const float* u, uint16_t* out, size_t n, cudaStream_t st);
+bool rmsnorm_gated_bf16(const float* x, const float* gate, const float* w, uint16_t* y, int rows, int n, float eps,
+                        cudaStream_t st);
 void sigmoid_mul(float* y, const float* g, size_t n, cudaStream_t st);
 void softcap(float* y, float cap, size_t n, cudaStream_t st);
 void split_qgate(const float* qg, float* q, float* gate, int M, int n_heads, int head_dim, cudaStream_t st);
