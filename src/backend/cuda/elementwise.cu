@@ -73,7 +73,10 @@ constexpr int kNormPer = 32;
 __device__ __forceinline__ void store_out(float* y, int i, float v) { y[i] = v; }
 __device__ __forceinline__ void store_out(uint16_t* y, int i, float v) { y[i] = f32_to_bf16_bits(v); }
 
-template <bool WARP_ROWS, bool GATED, class OUT = float>
+// PER: elements a thread holds (n <= 32 PER per warp); short rows (the per-head norms: 128, 256)
+// take a smaller PER, which frees registers for more resident warps and leaves the arithmetic
+// and its order as they are (the elements past n were skipped anyway).
+template <bool WARP_ROWS, bool GATED, class OUT = float, int PER = kNormPer>
 __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, const float* gate,
                                                              const float* __restrict__ w, OUT* y, int rows, int n,
                                                              float eps) {
@@ -88,29 +91,29 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, con
   OUT* yr = y + static_cast<size_t>(r) * n;
   const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
   const int step = WARP_ROWS ? 32 : kBlock;
-  float wv[kNormPer];
+  float wv[PER];
 #pragma unroll
-  for (int k = 0; k < kNormPer; k++) wv[k] = w && t0 + k * step < n ? w[t0 + k * step] : 1.0f;
+  for (int k = 0; k < PER; k++) wv[k] = w && t0 + k * step < n ? w[t0 + k * step] : 1.0f;
   if (t0 == 0) {
     touch_l2(xr);
     touch_l2(yr);
     if (GATED) touch_l2(gate + static_cast<size_t>(r) * n);
   }
   pdl_wait();
-  float v[kNormPer], gv[GATED ? kNormPer : 1];
+  float v[PER], gv[GATED ? PER : 1];
 #pragma unroll
-  for (int k = 0; k < kNormPer; k++) {
+  for (int k = 0; k < PER; k++) {
     const int i = t0 + k * step;
     v[k] = i < n ? xr[i] : 0.0f;
     if constexpr (GATED) gv[k] = i < n ? gate[static_cast<size_t>(r) * n + i] : 0.0f;
   }
   float s = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kNormPer; k++)
+  for (int k = 0; k < PER; k++)
     if (t0 + k * step < n) s = fmaf(v[k], v[k], s);
   const float inv = rms_inv(row_total<WARP_ROWS>(s, sh), n, eps);
 #pragma unroll
-  for (int k = 0; k < kNormPer; k++) {
+  for (int k = 0; k < PER; k++) {
     const int i = t0 + k * step;
     if (i >= n) break;
     if constexpr (GATED)
@@ -217,8 +220,13 @@ template <bool GATED>
 void rmsnorm_launch(const float* x, const float* gate, const float* w, float* y, int rows, int n, float eps,
                     cudaStream_t st) {
   if (rows <= 0 || n <= 0) return;
-  if (n <= 1024) {
-    launch_k(rmsnorm_reg_kernel<true, GATED>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  const dim3 grid_w((rows + 7) / 8);
+  if (n <= 128) {
+    launch_k(rmsnorm_reg_kernel<true, GATED, float, 4>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  } else if (n <= 256) {
+    launch_k(rmsnorm_reg_kernel<true, GATED, float, 8>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  } else if (n <= 1024) {
+    launch_k(rmsnorm_reg_kernel<true, GATED>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   } else if (n <= kNormPer * kBlock) {
     launch_k(rmsnorm_reg_kernel<false, GATED>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   } else {
@@ -446,9 +454,13 @@ void swiglu_bf16(const float* g, const float* u, uint16_t* out, size_t n, cudaSt
 bool rmsnorm_gated_bf16(const float* x, const float* gate, const float* w, uint16_t* y, int rows, int n, float eps,
                         cudaStream_t st) {
   if (rows <= 0 || n <= 0) return true;
-  if (n <= 1024)
-    launch_k(rmsnorm_reg_kernel<true, true, uint16_t>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, x, gate, w, y, rows,
-             n, eps);
+  const dim3 grid_w((rows + 7) / 8);
+  if (n <= 128)
+    launch_k(rmsnorm_reg_kernel<true, true, uint16_t, 4>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  else if (n <= 256)
+    launch_k(rmsnorm_reg_kernel<true, true, uint16_t, 8>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  else if (n <= 1024)
+    launch_k(rmsnorm_reg_kernel<true, true, uint16_t>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   else if (n <= kNormPer * kBlock)
     launch_k(rmsnorm_reg_kernel<false, true, uint16_t>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   else

@@ -281,6 +281,28 @@ __device__ __forceinline__ void prefetch_l2(const float* p, size_t floats, int t
 // order), so 4 and 8 warps give the same bits (CudaGdnChunked.WarpCountsAgreeBitForBit); 8 halves
 // each warp's serial instruction stream per chunk, which is what bounds this kernel (Nsight Compute,
 // docs/experiments/prefill_kernels.md).
+// The 8-warp form also stages each chunk's operands in shared memory (dynamic, recur_stage_floats):
+// stage 1, all at once with cp.async: W and Q [64][DK + 4] and this block's columns of U
+// [64][kRows + 8]; stage 2, over the same space once every warp is past phase 1: K [64][DK + 8]
+// and Aqk [64][64 + 4] (row strides chosen so each fragment read hits 32 banks). The 4-warp form
+// reads them from global memory (L2) inside its loops: one dependent round trip per k-step. The
+// values and the arithmetic are the same.
+template <int DK>
+constexpr int recur_stage_floats() {
+  return kC * (2 * (DK + 4) + kRows + 8) > kC * ((DK + 8) + kC + 4) ? kC * (2 * (DK + 4) + kRows + 8)
+                                                                     : kC * ((DK + 8) + kC + 4);
+}
+
+// rows x cols floats from src (row stride lds) to dst (row stride ldd) with 16-byte cp.async.
+__device__ __forceinline__ void stage_rows(float* dst, int ldd, const float* src, size_t lds, int rows, int cols,
+                                           int tid, int threads) {
+  const int per = cols / 4;
+  for (int e = tid; e < rows * per; e += threads) {
+    const int r = e / per, c = (e % per) * 4;
+    cp_async16(smem_u32(dst + r * ldd + c), src + r * lds + c, 16);
+  }
+}
+
 template <int DK, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecArgs a) {
   static_assert(WARPS == 4 || WARPS == 8, "four 16-row bands of the chunk, one or two warps each");
@@ -291,6 +313,11 @@ __global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecAr
   constexpr int JW = DK / WARPS;  // columns of S per warp in the update
   constexpr int NJ = JW / 8;   // n-tiles of those columns
   static_assert(JW % 8 == 0, "d_k / WARPS must be a multiple of 8");
+  constexpr bool STAGE = WARPS == 8;
+  constexpr int LDW = STAGE ? DK + 4 : DK;  // W, Q rows: A fragments read rows g, columns q
+  constexpr int LDK = STAGE ? DK + 8 : DK;  // K rows: B fragments read rows q, columns g
+  constexpr int LDA = STAGE ? kC + 4 : kC;  // Aqk rows
+  extern __shared__ __align__(16) float stage[];
   constexpr int LDS = DK + 4;  // row stride = 4 (mod 32): B-fragment reads of S hit 32 banks
   constexpr int LDD = kRows + 8;  // row stride = 8 (mod 32): fragment reads of Delta hit 32 banks
   __shared__ __align__(16) float Ss[kRows * LDS];  // S0 rows of this block
@@ -336,6 +363,23 @@ __global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecAr
       prefetch_l2(Ac + static_cast<size_t>(a.Hv) * kC * kC, kC * kC, tid, THREADS);
       if (tid < kC) touch_l2(Uc + static_cast<size_t>(a.Hv) * kC * a.dv + static_cast<size_t>(tid) * a.dv);
     }
+    const float *Wv = Wc, *Qv = Qc, *Kv = Kc, *Uv = Uc, *Av = Ac;
+    int ldu = a.dv;
+    if constexpr (STAGE) {  // stage 1 (the previous chunk's readers are past the loop's last barrier)
+      float* sW = stage;
+      float* sQ = sW + kC * LDW;
+      float* sU = sQ + kC * LDW;
+      stage_rows(sW, LDW, Wc, DK, kC, DK, tid, THREADS);
+      stage_rows(sQ, LDW, Qc, DK, kC, DK, tid, THREADS);
+      stage_rows(sU, kRows + 8, Uc, a.dv, kC, kRows, tid, THREADS);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      Wv = sW;
+      Qv = sQ;
+      Uv = sU;
+      ldu = kRows + 8;
+    }
     // (1) Delta = U - W S0^T and P = Q S0^T for rows s0..s0+15, columns c0..c0+8 NI-1
     float dacc[NI][4], pacc[NI][4];
 #pragma unroll
@@ -344,10 +388,10 @@ __global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecAr
       for (int e = 0; e < 4; e++) dacc[nt][e] = pacc[nt][e] = 0.0f;
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) {
-      const float* w0 = Wc + (s0 + g) * DK + 8 * ks + q;
-      const float* q0 = Qc + (s0 + g) * DK + 8 * ks + q;
-      const FragA fw = frag_a(w0[0], w0[8 * DK], w0[4], w0[8 * DK + 4]);
-      const FragA fq = frag_a(q0[0], q0[8 * DK], q0[4], q0[8 * DK + 4]);
+      const float* w0 = Wv + (s0 + g) * LDW + 8 * ks + q;
+      const float* q0 = Qv + (s0 + g) * LDW + 8 * ks + q;
+      const FragA fw = frag_a(w0[0], w0[8 * LDW], w0[4], w0[8 * LDW + 4]);
+      const FragA fq = frag_a(q0[0], q0[8 * LDW], q0[4], q0[8 * LDW + 4]);
 #pragma unroll
       for (int nt = 0; nt < NI; nt++) {
         const float* sr = Ss + (c0 + 8 * nt + g) * LDS + 8 * ks + q;
@@ -359,12 +403,23 @@ __global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecAr
 #pragma unroll
     for (int nt = 0; nt < NI; nt++) {
       const int i = c0 + 8 * nt + 2 * q, s = s0 + g;
-      Ds[s * LDD + i] = __fsub_rn(Uc[static_cast<size_t>(s) * a.dv + i], dacc[nt][0]);
-      Ds[s * LDD + i + 1] = __fsub_rn(Uc[static_cast<size_t>(s) * a.dv + i + 1], dacc[nt][1]);
-      Ds[(s + 8) * LDD + i] = __fsub_rn(Uc[static_cast<size_t>(s + 8) * a.dv + i], dacc[nt][2]);
-      Ds[(s + 8) * LDD + i + 1] = __fsub_rn(Uc[static_cast<size_t>(s + 8) * a.dv + i + 1], dacc[nt][3]);
+      Ds[s * LDD + i] = __fsub_rn(Uv[static_cast<size_t>(s) * ldu + i], dacc[nt][0]);
+      Ds[s * LDD + i + 1] = __fsub_rn(Uv[static_cast<size_t>(s) * ldu + i + 1], dacc[nt][1]);
+      Ds[(s + 8) * LDD + i] = __fsub_rn(Uv[static_cast<size_t>(s + 8) * ldu + i], dacc[nt][2]);
+      Ds[(s + 8) * LDD + i + 1] = __fsub_rn(Uv[static_cast<size_t>(s + 8) * ldu + i + 1], dacc[nt][3]);
     }
     __syncthreads();
+    if constexpr (STAGE) {  // stage 2, over stage 1's space: every warp is done with W, Q and U
+      float* sK = stage;
+      float* sA = sK + kC * LDK;
+      stage_rows(sK, LDK, Kc, DK, kC, DK, tid, THREADS);
+      stage_rows(sA, LDA, Ac, kC, kC, kC, tid, THREADS);
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      Kv = sK;
+      Av = sA;
+    }
     // (2) y = e^G P + Aqk Delta for rows s0..s0+15; Aqk is 0 right of row s0+15, so k-steps
     //     past it are skipped
     {
@@ -377,8 +432,8 @@ __global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecAr
         pacc[nt][3] = __fmul_rn(pacc[nt][3], e1);
       }
       for (int ks = 0; ks < 2 * band + 2; ks++) {
-        const float* a0 = Ac + (s0 + g) * kC + 8 * ks + q;
-        const FragA fa = frag_a(a0[0], a0[8 * kC], a0[4], a0[8 * kC + 4]);
+        const float* a0 = Av + (s0 + g) * LDA + 8 * ks + q;
+        const FragA fa = frag_a(a0[0], a0[8 * LDA], a0[4], a0[8 * LDA + 4]);
 #pragma unroll
         for (int nt = 0; nt < NI; nt++) {
           const float* dr = Ds + (8 * ks + q) * LDD + c0 + 8 * nt + g;
@@ -421,8 +476,8 @@ __global__ void __launch_bounds__(WARPS * 32) gdn_chunk_recur_kernel(const RecAr
         }
 #pragma unroll
         for (int nt = 0; nt < NJ; nt++) {
-          const float* k0 = Kc + s * DK + jw + 8 * nt + g;
-          const FragB fb = frag_b(k0[0], k0[4 * DK]);
+          const float* k0 = Kv + s * LDK + jw + 8 * nt + g;
+          const FragB fb = frag_b(k0[0], k0[4 * LDK]);
 #pragma unroll
           for (int mt = 0; mt < 2; mt++) mma3(sacc[mt][nt], fa[mt], fb);
         }
@@ -542,10 +597,16 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   const int warps = want == 4 || d.d_k % 64 != 0 ? 4 : 8;
   const dim3 grid(d.n_v_heads, d.d_v / kRows);
   if (warps == 8) {
-    if (d.d_k == 64)
-      launch_k(gdn_chunk_recur_kernel<64, 8>, grid, dim3(8 * 32), 0, st, ra);
-    else
-      launch_k(gdn_chunk_recur_kernel<128, 8>, grid, dim3(8 * 32), 0, st, ra);
+    static std::atomic<uint64_t> set64{0}, set128{0};
+    if (d.d_k == 64) {
+      constexpr size_t smem = recur_stage_floats<64>() * sizeof(float);
+      allow_smem(gdn_chunk_recur_kernel<64, 8>, smem, set64);
+      launch_k(gdn_chunk_recur_kernel<64, 8>, grid, dim3(8 * 32), smem, st, ra);
+    } else {
+      constexpr size_t smem = recur_stage_floats<128>() * sizeof(float);
+      allow_smem(gdn_chunk_recur_kernel<128, 8>, smem, set128);
+      launch_k(gdn_chunk_recur_kernel<128, 8>, grid, dim3(8 * 32), smem, st, ra);
+    }
   } else {
     switch (d.d_k) {
       case 32: launch_k(gdn_chunk_recur_kernel<32, 4>, grid, dim3(4 * 32), 0, st, ra); break;
