@@ -236,6 +236,18 @@ if want ncuprefill && [[ -n "$NCU" ]]; then
     "$BIN/qflash" bench --device cuda --synthetic tests/fixtures/configs/qwen38_27b/config.json \
     --prompt-len 4096 --max-context 4352 --prefill-chunk 4096 --ops-only --no-mtp --reps 1
 fi
+# Source-level stall sampling of the chunked-GDN kernels (the build has -lineinfo): the report, then
+# its per-line table (cuda source with SASS) as CSV into the logs.
+if want ncusrc && [[ -n "$NCU" ]]; then
+  step ncusrc_collect 200 plain "$NCU" --clock-control none --kernel-name regex:"gdn_chunk_(prep|recur)" --launch-count 2 \
+    --section SourceCounters --section WarpStateStats --import-source yes -f -o "$LOG/gdn_src" \
+    "$BIN/qflash_gdn_bench" --rows 8192 --no-rows --reps 1
+  step ncusrc_page 120 plain "$NCU" -i "$LOG/gdn_src.ncu-rep" --page source --csv --print-source cuda,sass
+  step ncusrc_details 60 plain "$NCU" -i "$LOG/gdn_src.ncu-rep" --page details --print-details all
+  # the per-line table can be large: compressed beside logs.tgz, not inside it
+  gzip -c "$LOG/ncusrc_page.log" >"$OUTDIR/gdn_source.csv.gz" 2>/dev/null
+  rm -f "$LOG/ncusrc_page.log" "$LOG/gdn_src.ncu-rep"
+fi
 # Prefix reuse (issue 13): snapshot/restore identity on cuda, then the time to first token of a
 # second turn on a 16k-token conversation, resumed from the cache vs prefilled cold.
 want prefix && step prefix_tests 150 gtest "$BIN/qflash_tests" \
