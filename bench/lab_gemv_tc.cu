@@ -67,17 +67,7 @@ template <int NT>
 __device__ __forceinline__ void sk_write_y(const SkParams& P, int tile, int g, int t, const float (&v)[2][NT][4]) {
   const int seg = tc_seg_of<kTcMaxSeg>(P, tile);
   const int rows_s = P.rows[seg];
-  const int row0 = (tile - P.tile0[seg]) * 32;
-  float* Y = P.y[seg];
-#pragma unroll
-  for (int a = 0; a < 2; a++)
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int r = row0 + 16 * a + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
-        if (r < rows_s && m < P.M) Y[static_cast<size_t>(m) * rows_s + r] = v[a][j][e];
-      }
+  tc_write_tile<NT>(P.y[seg], rows_s, P.M, (tile - P.tile0[seg]) * 32, g, t, v);
 }
 
 // End of a tile's piece (chunks cs..cc of tile ct): written directly when the piece is the whole

@@ -85,6 +85,14 @@ std::vector<int> parse_list(const std::string& s) {
 // Turn-2 TTFT with and without prefix reuse (bench_prefix.cpp).
 nlohmann::json bench_prefix_reuse(Qwen38Model& target, DraftSource* src, const BenchArgs& a);
 
+namespace {
+// A bench-only integer in [lo, hi]; `note` follows the range in the message.
+void check_bench_int(const char* name, int64_t v, int64_t lo, int64_t hi, const char* note) {
+  if (v < lo || v > hi)
+    fail_option(name, strf("an integer in [%lld, %lld]%s", (long long)lo, (long long)hi, note), std::to_string(v));
+}
+}  // namespace
+
 void validate_bench_args(const BenchArgs& a) {
   EngineOptions e;
   e.device = a.device;
@@ -95,16 +103,12 @@ void validate_bench_args(const BenchArgs& a) {
   e.weights = a.weights;
   e.lm_head = a.lm_head;
   validate_engine_options(e);
-  if (a.prefix_turn2 < 0 || a.prefix_turn2 >= a.max_context)
-    fail_option("prefix_turn2", strf("an integer in [0, %lld] (0 = off)", (long long)a.max_context - 1),
-                std::to_string(a.prefix_turn2));
+  check_bench_int("prefix_turn2", a.prefix_turn2, 0, a.max_context - 1, " (0 = off)");
   GenerationOptions g;
   g.max_tokens = a.gen;
   g.draft_k = a.mtp_k;
   validate_generation_options(g);
-  if (a.prompt_len < 1 || a.prompt_len >= a.max_context)
-    fail_option("prompt_len", strf("an integer in [1, %lld] (below max_context)", (long long)a.max_context - 1),
-                std::to_string(a.prompt_len));
+  check_bench_int("prompt_len", a.prompt_len, 1, a.max_context - 1, " (below max_context)");
   if (a.reps < 1) fail_option("reps", "an integer >= 1", std::to_string(a.reps));
   if (a.n_prompts < 1) fail_option("n_prompts", "an integer >= 1", std::to_string(a.n_prompts));
   parse_list(a.force_accept);

@@ -22,6 +22,32 @@ void DraftSource::draft_sampled(int32_t, int, int, float, Rng&, int32_t*, std::v
   fail(ErrorKind::Usage, "draft source '%s' does not support sampling (temperature > 0)", name().c_str());
 }
 
+void DeferringDraftSource::begin(int prompt_len) {
+  pending_.clear();
+  prompt_len_ = prompt_len;
+}
+
+void DeferringDraftSource::observe(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
+  catch_up();
+  run_rows(rows_of(target).data, pos0, n, next_tokens, pos0 < prompt_len_);
+}
+
+// Plain steps: the rows are copied aside (the next forward overwrites them) and run in
+// catch_up(), through the same ops observe() would have used. Prompt rows, and rows past the
+// batch's capacity, run now.
+void DeferringDraftSource::observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
+  if (!pending_.fits(n)) catch_up();
+  if (!pending_.fits(n) || pos0 < prompt_len_) return observe(target, pos0, n, next_tokens);
+  const Rows r = rows_of(target);
+  pending_.push(*r.be, r.data, r.width, pos0, n, next_tokens);
+}
+
+void DeferringDraftSource::catch_up() {
+  if (pending_.rows() == 0) return;
+  run_rows(pending_.data(), pending_.pos0(), pending_.rows(), pending_.tokens(), true);
+  pending_.clear();
+}
+
 MtpDraftSource::MtpDraftSource(TargetModel& target, int max_pos)
     : head_(MtpHead::load(target, max_pos)), be_(&target.backend()), H_(target.config().hidden_size),
       V_(target.config().vocab_size) {
@@ -29,36 +55,17 @@ MtpDraftSource::MtpDraftSource(TargetModel& target, int max_pos)
 }
 
 void MtpDraftSource::begin(int prompt_len) {
-  pending_.clear();
+  DeferringDraftSource::begin(prompt_len);
   seed_draft_ = -1;
   seed_pos_ = -1;
-  prompt_len_ = prompt_len;
 }
 
-// Committed pairs (t_{j+1}, H_j) for j = pos0..pos0+n-1 run through the head now; the last
-// one's output is the seed: its argmax is the next round's first draft, its Hm the chain input.
-void MtpDraftSource::observe(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
-  catch_up();
-  run_pairs(target.final_hidden(), pos0, n, next_tokens, false);
-}
 
-// Plain steps: the pairs' hidden rows are kept; the head runs them in catch_up(), through the
-// same ops observe() would have used (the head's KV cache ends up the same).
-void MtpDraftSource::observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
-  if (!pending_.fits(n)) catch_up();
-  if (!pending_.fits(n) || pos0 < prompt_len_) return observe(target, pos0, n, next_tokens);
-  pending_.push(*be_, target.final_hidden(), H_, pos0, n, next_tokens);
-}
-
-void MtpDraftSource::catch_up() {
-  if (pending_.rows() == 0) return;
-  run_pairs(pending_.data(), pending_.pos0(), pending_.rows(), pending_.tokens(), true);
-  pending_.clear();
-}
-
-void MtpDraftSource::run_pairs(const float* hidden, int pos0, int n, const int32_t* next_tokens, bool direct) {
+// Committed pairs (t_{j+1}, H_j) for j = pos0..pos0+n-1 run through the head; the last one's
+// output is the seed: its argmax is the next round's first draft, its Hm the chain input.
+void MtpDraftSource::run_rows(const float* hidden, int pos0, int n, const int32_t* next_tokens, bool direct) {
   const int H = H_;
-  if (pos0 < prompt_len_) {  // prompt pairs (the target ran them as prefill): the prefill ops
+  if (pos0 < prompt_len()) {  // prompt pairs (the target ran them as prefill): the prefill ops
     head_->forward_prefill(next_tokens, hidden, n, pos0);
     be_->copy(seed_hidden_.get(), head_->prefill_hidden(), H * sizeof(float));
     be_->download(&seed_draft_, head_->argmax_ids(), sizeof(int32_t));
@@ -121,9 +128,8 @@ void MtpDraftSource::draft_sampled(int32_t anchor, int pos, int k, float tempera
 DFlashDraftSource::DFlashDraftSource(std::unique_ptr<DFlash2Drafter> d) : drafter_(std::move(d)) {}
 
 void DFlashDraftSource::begin(int prompt_len) {
+  DeferringDraftSource::begin(prompt_len);
   drafter_->reset();
-  pending_.clear();
-  prompt_len_ = prompt_len;
   fresh_skip_ = window_start(prompt_len);
   skip_before_ = fresh_skip_;
 }
@@ -148,35 +154,19 @@ std::vector<StateRegion> DFlashDraftSource::snapshot_regions(int n) const {
   return drafter_->context_regions(window_start(n), n);
 }
 
-void DFlashDraftSource::observe(const TargetModel& target, int pos0, int n, const int32_t*) {
-  catch_up();
-  // Prompt rows come from the target's prefill buffers at any offset: run them without graphs
-  // (a recording is keyed by the tap-row pointer).
-  append(target.tap_rows(), pos0, n, pos0 < prompt_len_);
+DeferringDraftSource::Rows DFlashDraftSource::rows_of(const TargetModel& target) const {
+  return {&drafter_->backend(), target.tap_rows(), static_cast<int>(target.taps().size()) * target.config().hidden_size};
 }
 
-// Plain steps: the tap rows are kept and appended to the context in catch_up(), in passes of up
-// to max_rows rows (one pass reads the context weights once for all of them).
-void DFlashDraftSource::observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) {
-  if (!pending_.fits(n)) catch_up();
-  if (!pending_.fits(n) || pos0 < prompt_len_) return observe(target, pos0, n, next_tokens);
-  const int w = static_cast<int>(target.taps().size()) * target.config().hidden_size;
-  pending_.push(drafter_->backend(), target.tap_rows(), w, pos0, n, next_tokens);
-}
-
-void DFlashDraftSource::catch_up() {
-  if (pending_.rows() == 0) return;
-  append(pending_.data(), pending_.pos0(), pending_.rows(), true);
-  pending_.clear();
-}
-
-void DFlashDraftSource::append(const float* tap_rows, int pos0, int n, bool direct) {
+// Plain steps' rows are appended in passes of up to max_rows rows (one pass reads the context
+// weights once for all of them).
+void DFlashDraftSource::run_rows(const float* tap_rows, int pos0, int n, const int32_t*, bool direct) {
   int first = 0;
   if (drafter_->context_rows() == 0 && pos0 < skip_before_) first = std::min(n, skip_before_ - pos0);
   if (first >= n) return;
   const size_t w = drafter_->config().target_layer_ids.size() * static_cast<size_t>(drafter_->config().hidden_size);
   drafter_->append_context(tap_rows + first * w, n - first, pos0 + first, nullptr, direct);
-  if (pos0 + n == prompt_len_) drafter_->trim_context(fresh_skip_);  // rows kept only for snapshots
+  if (pos0 + n == prompt_len()) drafter_->trim_context(fresh_skip_);  // rows kept only for snapshots
 }
 
 void DFlashDraftSource::draft(int32_t anchor, int pos, int k, int32_t* out) {

@@ -77,18 +77,44 @@ class DraftSource {
   virtual std::vector<StateRegion> snapshot_regions(int /*n*/) const { return {}; }
 };
 
+// A source that keeps the target's rows of plain steps aside and runs them in one batch before
+// its next draft (MTP, DFlash): the deferral policy, written once. The subclass names the
+// target rows it reads (rows_of) and runs rows (run_rows); observe() runs rows now, after any
+// held ones, so both paths feed run_rows the same rows in the same order.
+class DeferringDraftSource : public DraftSource {
+ public:
+  void begin(int prompt_len) override;  // subclasses call it from theirs
+  void observe(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) final;
+  void observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) final;
+  void catch_up() final;
+  int pending_rows() const final { return pending_.rows(); }
+
+ protected:
+  struct Rows {
+    Backend* be;        // where they live
+    const float* data;  // the target's rows of its last forward, [n, width]
+    int width;
+  };
+  virtual Rows rows_of(const TargetModel& target) const = 0;
+  // Rows at positions pos0.. (next_tokens[i]: the token after row i). direct: run without
+  // graphs (prompt rows come from the target's prefill buffers at any offset, deferred rows from
+  // the batch buffer; a recording is keyed by its input pointer).
+  virtual void run_rows(const float* rows, int pos0, int n, const int32_t* next_tokens, bool direct) = 0;
+  int prompt_len() const { return prompt_len_; }  // observed rows below it are prompt rows
+
+ private:
+  int prompt_len_ = 0;
+  DeferredRows pending_;
+};
+
 // The checkpoint's MTP head, chained k times (docs/spec/qwen38.md 4.2).
-class MtpDraftSource final : public DraftSource {
+class MtpDraftSource final : public DeferringDraftSource {
  public:
   MtpDraftSource(TargetModel& target, int max_pos);
   std::string name() const override { return "mtp"; }
   int max_k() const override { return 8; }
   int default_k() const override { return 3; }
   void begin(int prompt_len) override;
-  void observe(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) override;
-  void observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) override;
-  void catch_up() override;
-  int pending_rows() const override { return pending_.rows(); }
   void draft(int32_t anchor, int pos, int k, int32_t* out) override;
   void draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
                      std::vector<DraftDist>& q) override;
@@ -99,9 +125,10 @@ class MtpDraftSource final : public DraftSource {
   std::vector<StateRegion> snapshot_regions(int n) const override;
 
  private:
+  Rows rows_of(const TargetModel& target) const override { return {be_, target.final_hidden(), H_}; }
   // Pairs (next_tokens[i], hidden row i) at pair positions pos0..: through the head, the last
   // one becoming the seed. direct: no graph (rows at one-off addresses).
-  void run_pairs(const float* hidden, int pos0, int n, const int32_t* next_tokens, bool direct);
+  void run_rows(const float* hidden, int pos0, int n, const int32_t* next_tokens, bool direct) override;
   std::unique_ptr<MtpHead> head_;
   Backend* be_;
   int H_;
@@ -109,13 +136,11 @@ class MtpDraftSource final : public DraftSource {
   int32_t seed_draft_ = -1;   // its argmax: the first draft of the next round
   int seed_pos_ = -1;         // pair position of the seed
   int seed_row_ = 0;          // its row in the head's logits (valid until the next head forward)
-  int prompt_len_ = 0;        // observed rows below it are prompt rows (the head's prefill path)
   int V_;
-  DeferredRows pending_;      // the target's final hidden rows of plain steps, [rows, H]
 };
 
 // The DFlash2 (or v1) block drafter (docs/spec/dflash2.md section 4).
-class DFlashDraftSource final : public DraftSource {
+class DFlashDraftSource final : public DeferringDraftSource {
  public:
   DFlashDraftSource(std::unique_ptr<DFlash2Drafter> d);
   std::string name() const override { return drafter_->is_v2() ? "dflash2" : "dflash"; }
@@ -124,10 +149,6 @@ class DFlashDraftSource final : public DraftSource {
   bool needs_taps() const override { return true; }
   std::vector<int> tap_layers() const override { return drafter_->config().target_layer_ids; }
   void begin(int prompt_len) override;
-  void observe(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) override;
-  void observe_deferred(const TargetModel& target, int pos0, int n, const int32_t* next_tokens) override;
-  void catch_up() override;
-  int pending_rows() const override { return pending_.rows(); }
   void draft(int32_t anchor, int pos, int k, int32_t* out) override;
   void draft_sampled(int32_t anchor, int pos, int k, float temperature, Rng& rng, int32_t* out,
                      std::vector<DraftDist>& q) override;
@@ -141,7 +162,9 @@ class DFlashDraftSource final : public DraftSource {
   std::vector<StateRegion> snapshot_regions(int n) const override;
 
  private:
-  void append(const float* tap_rows, int pos0, int n, bool direct);
+  Rows rows_of(const TargetModel& target) const override;
+  // Tap rows appended to the drafter's context (next tokens unused).
+  void run_rows(const float* tap_rows, int pos0, int n, const int32_t* next_tokens, bool direct) override;
   // T > 0 after a greedy pass: v1 draws each row from its logits, v2 walks the selector.
   void sample_rows(float temperature, Rng& rng, int k, int32_t* out, std::vector<DraftDist>& q);
   void sample_selector_walk(int32_t anchor, float temperature, Rng& rng, int k, int32_t* out,
@@ -150,8 +173,6 @@ class DFlashDraftSource final : public DraftSource {
   int window_start(int n) const;
   int skip_before_ = 0;  // prompt rows older than this are not appended (never visible, not snapshotted)
   int fresh_skip_ = 0;   // the rows a fresh run keeps start here (the first block's window)
-  int prompt_len_ = 0;
-  DeferredRows pending_;  // the target's tap rows of plain steps, [rows, taps*H]
 };
 
 }  // namespace qf

@@ -55,7 +55,8 @@ TEST(CliUsage, EveryUsageErrorExitsTwo) {
       {"chat --max-tokens -1", "max_tokens: expected"},
       {"chat --device cpu --prefix-cache-mb -1", "prefix_cache_mb: expected an integer in [0, 1048576]"},
       {"bench --prefix-cache-mb 2000000", "prefix_cache_mb: expected"},
-      {"bench --prefix-turn2 -5", "prefix_turn2: expected"},
+      {"bench --prefix-turn2 -5", "prefix_turn2: expected an integer in [0, 4095] (0 = off), found -5"},
+      {"bench --prompt-len 4096", "prompt_len: expected an integer in [1, 4095] (below max_context), found 4096"},
       {"tokenize --tokenizer x", "text"},                     // no input
       {"inspect", "dir"},                                     // missing positional
       {"quantize --model a --out b --group 48", "group: expected 32, 64 or 128, found 48"},

@@ -389,23 +389,29 @@ __device__ __forceinline__ int tc_seg_of(const Params& P, int tile) {
   return s;
 }
 
-// A warp's results to y. Accumulator element e of tile (a, j): row row0 + 16a + g + 8(e / 2),
-// token 8j + 2t + (e % 2). One slice: stored directly (y_seg(): the segment's output, nrows its
+// A warp's finished sums of one tile, stored into Y ([M][nrows], the tile's first row row0).
+// Accumulator element e of tile (a, j): row row0 + 16a + g + 8(e / 2), token 8j + 2t + (e % 2).
+template <int NT>
+__device__ __forceinline__ void tc_write_tile(float* Y, int nrows, int M, int row0, int g, int t,
+                                              const float (&v)[2][NT][4]) {
+#pragma unroll
+  for (int a = 0; a < 2; a++)
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int r = row0 + 16 * a + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
+        if (r < nrows && m < M) Y[static_cast<size_t>(m) * nrows + r] = v[a][j][e];
+      }
+}
+
+// A warp's results to y. One slice: stored directly (y_seg(): the segment's output, nrows its
 // rows); else partial sums through shared memory, added in slice order.
 template <int NT, int MaxSeg, class Params, class YSeg>
 __device__ __forceinline__ void tc_store_y(const Params& P, const float (&acc)[2][NT][4], YSeg&& y_seg, int row0,
                                            int nrows, int warp, int lane, int g, int t) {
   if (P.ks == 1) {
-    float* Y = y_seg();
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-#pragma unroll
-      for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int r = row0 + 16 * a + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
-          if (r < nrows && m < P.M) Y[static_cast<size_t>(m) * nrows + r] = acc[a][j][e];
-        }
+    tc_write_tile<NT>(y_seg(), nrows, P.M, row0, g, t, acc);
     return;
   }
   extern __shared__ float red[];  // [warp][a][j][e][lane]

@@ -29,6 +29,15 @@ __device__ __forceinline__ float rms_inv(float ss, int n, float eps) {
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(ss, static_cast<float>(n)), eps)));
 }
 
+// A norm's thread: its first element t0 and stride (a lane of the row's warp, or a
+// thread of the row's block).
+template <bool WARP_ROWS>
+__device__ __forceinline__ int norm_t0() {
+  return WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
+}
+template <bool WARP_ROWS>
+constexpr int kNormStep = WARP_ROWS ? 32 : kBlock;
+
 // Sum of one value per thread over a row's threads (a warp, or the 256-thread block), in a fixed
 // order: the warp tree, then the warps in order.
 template <bool WARP_ROWS>
@@ -53,8 +62,7 @@ __device__ __forceinline__ float row_total(float s, float* sh) {
 // t0, t0 + step, ... in that order (fmaf), then row_total.
 template <bool WARP_ROWS>
 __device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
-  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-  const int step = WARP_ROWS ? 32 : kBlock;
+  const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
   float s = 0.0f;
   for (int i = t0; i < n; i += step) s = fmaf(xr[i], xr[i], s);
   return row_total<WARP_ROWS>(s, sh);
@@ -65,6 +73,27 @@ __device__ __forceinline__ float row_sumsq(const float* xr, int n, float* sh) {
 // round trip per element (the output may alias the input, so the compiler cannot reorder the
 // loop's loads above its stores). Same arithmetic, same order as the loops above.
 constexpr int kNormPer = 32;
+
+// The thread's norm weights (1 without a weight vector), loaded before pdl_wait(): weights are
+// never written by a kernel in flight.
+template <bool WARP_ROWS, int PER>
+__device__ __forceinline__ void load_norm_weights(const float* __restrict__ w, int n, float (&wv)[PER]) {
+  const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
+#pragma unroll
+  for (int k = 0; k < PER; k++) wv[k] = w && t0 + k * step < n ? w[t0 + k * step] : 1.0f;
+}
+
+// 1 / rms of a row held in registers (v[k] = element t0 + k * step): the thread's fmaf sum in k
+// order, then row_total; the same order as row_sumsq.
+template <bool WARP_ROWS, int PER>
+__device__ __forceinline__ float reg_rms_inv(const float (&v)[PER], int n, float eps, float* sh) {
+  const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
+  float s = 0.0f;
+#pragma unroll
+  for (int k = 0; k < PER; k++)
+    if (t0 + k * step < n) s = fmaf(v[k], v[k], s);
+  return rms_inv(row_total<WARP_ROWS>(s, sh), n, eps);
+}
 
 // Before pdl_wait(): the norm weights (weights are never written by a kernel in flight) and a
 // touch of the row's pages; the row itself only after.
@@ -89,11 +118,9 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, con
   }
   const float* xr = x + static_cast<size_t>(r) * n;
   OUT* yr = y + static_cast<size_t>(r) * n;
-  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-  const int step = WARP_ROWS ? 32 : kBlock;
+  const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
   float wv[PER];
-#pragma unroll
-  for (int k = 0; k < PER; k++) wv[k] = w && t0 + k * step < n ? w[t0 + k * step] : 1.0f;
+  load_norm_weights<WARP_ROWS>(w, n, wv);
   if (t0 == 0) {
     touch_l2(xr);
     touch_l2(yr);
@@ -107,11 +134,7 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, con
     v[k] = i < n ? xr[i] : 0.0f;
     if constexpr (GATED) gv[k] = i < n ? gate[static_cast<size_t>(r) * n + i] : 0.0f;
   }
-  float s = 0.0f;
-#pragma unroll
-  for (int k = 0; k < PER; k++)
-    if (t0 + k * step < n) s = fmaf(v[k], v[k], s);
-  const float inv = rms_inv(row_total<WARP_ROWS>(s, sh), n, eps);
+  const float inv = reg_rms_inv<WARP_ROWS>(v, n, eps, sh);
 #pragma unroll
   for (int k = 0; k < PER; k++) {
     const int i = t0 + k * step;
@@ -137,11 +160,9 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const
   float* hr = h + static_cast<size_t>(r) * n;
   const float* rr = res + static_cast<size_t>(r) * n;
   float* yr = y + static_cast<size_t>(r) * n;
-  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-  const int step = WARP_ROWS ? 32 : kBlock;
+  const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
   float wv[kNormPer];  // as in rmsnorm_reg_kernel: weights and page touches before the wait
-#pragma unroll
-  for (int k = 0; k < kNormPer; k++) wv[k] = w && t0 + k * step < n ? w[t0 + k * step] : 1.0f;
+  load_norm_weights<WARP_ROWS>(w, n, wv);
   if (t0 == 0) {
     touch_l2(hr);
     touch_l2(rr);
@@ -155,13 +176,9 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const
     v[k] = i < n ? hr[i] : 0.0f;
     rv[k] = i < n ? rr[i] : 0.0f;
   }
-  float s = 0.0f;
 #pragma unroll
-  for (int k = 0; k < kNormPer; k++) {
-    v[k] = __fadd_rn(v[k], rv[k]);
-    if (t0 + k * step < n) s = fmaf(v[k], v[k], s);
-  }
-  const float inv = rms_inv(row_total<WARP_ROWS>(s, sh), n, eps);
+  for (int k = 0; k < kNormPer; k++) v[k] = __fadd_rn(v[k], rv[k]);
+  const float inv = reg_rms_inv<WARP_ROWS>(v, n, eps, sh);
 #pragma unroll
   for (int k = 0; k < kNormPer; k++) {
     const int i = t0 + k * step;
@@ -182,8 +199,7 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_kernel(const float* x, const f
   const float* xr = x + static_cast<size_t>(r) * n;
   float* yr = y + static_cast<size_t>(r) * n;
   const float inv = rms_inv(row_sumsq<WARP_ROWS>(xr, n, sh), n, eps);
-  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-  const int step = WARP_ROWS ? 32 : kBlock;
+  const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
   for (int i = t0; i < n; i += step) {
     const float wi = w ? w[i] : 1.0f;
     if constexpr (GATED) {
@@ -209,8 +225,7 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_kernel(float* h, const flo
   float* hr = h + static_cast<size_t>(r) * n;
   const float* rr = res + static_cast<size_t>(r) * n;
   float* yr = y + static_cast<size_t>(r) * n;
-  const int t0 = WARP_ROWS ? (threadIdx.x & 31) : threadIdx.x;
-  const int step = WARP_ROWS ? 32 : kBlock;
+  const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
   for (int i = t0; i < n; i += step) hr[i] = __fadd_rn(hr[i], rr[i]);
   const float inv = rms_inv(row_sumsq<WARP_ROWS>(hr, n, sh), n, eps);
   for (int i = t0; i < n; i += step) yr[i] = __fmul_rn(__fmul_rn(hr[i], inv), w ? w[i] : 1.0f);

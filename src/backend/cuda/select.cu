@@ -101,6 +101,31 @@ int argmax_blocks(int n) {
 constexpr int kSeg = 4096;
 constexpr int kSortThreads = 512;
 
+// One (row m, segment seg) of a top-k pass: its input row (values; indices, or none on the first
+// pass, where an element's index is its position) and where its k survivors go.
+struct PassRow {
+  const float* rv;
+  const int32_t* ri;
+  float* ov;
+  int32_t* oi;
+  // Element e of the input row, or past n_in the padding (-inf, INT_MAX), which ranks last.
+  __device__ __forceinline__ void load(int e, int n_in, float& v, int& id) const {
+    if (e < n_in) {
+      v = rv[e];
+      id = ri ? ri[e] : e;
+    } else {
+      v = -INFINITY;
+      id = INT_MAX;
+    }
+  }
+};
+__device__ __forceinline__ PassRow pass_row(const float* in_v, const int32_t* in_i, size_t in_ld, int k,
+                                            float* out_v, int32_t* out_i, size_t out_ld) {
+  const int m = blockIdx.y, seg = blockIdx.x;
+  return {in_v + m * in_ld, in_i ? in_i + m * in_ld : nullptr, out_v + m * out_ld + static_cast<size_t>(seg) * k,
+          out_i + m * out_ld + static_cast<size_t>(seg) * k};
+}
+
 __global__ void __launch_bounds__(kSortThreads) topk_pass_kernel(const float* __restrict__ in_v,
                                                                  const int32_t* __restrict__ in_i, int n_in,
                                                                  size_t in_ld, int k, float* __restrict__ out_v,
@@ -109,20 +134,9 @@ __global__ void __launch_bounds__(kSortThreads) topk_pass_kernel(const float* __
   pdl_wait();
   __shared__ float sv[kSeg];
   __shared__ int si[kSeg];
-  const int m = blockIdx.y, seg = blockIdx.x;
-  const int base = seg * kSeg;
-  const float* rv = in_v + m * in_ld;
-  const int32_t* ri = in_i ? in_i + m * in_ld : nullptr;
-  for (int t = threadIdx.x; t < kSeg; t += kSortThreads) {
-    const int e = base + t;
-    if (e < n_in) {
-      sv[t] = rv[e];
-      si[t] = ri ? ri[e] : e;
-    } else {
-      sv[t] = -INFINITY;
-      si[t] = INT_MAX;
-    }
-  }
+  const PassRow row = pass_row(in_v, in_i, in_ld, k, out_v, out_i, out_ld);
+  const int base = blockIdx.x * kSeg;
+  for (int t = threadIdx.x; t < kSeg; t += kSortThreads) row.load(base + t, n_in, sv[t], si[t]);
   __syncthreads();
   for (int kk = 2; kk <= kSeg; kk <<= 1) {
     for (int j = kk >> 1; j > 0; j >>= 1) {
@@ -144,11 +158,9 @@ __global__ void __launch_bounds__(kSortThreads) topk_pass_kernel(const float* __
       __syncthreads();
     }
   }
-  float* ov = out_v + m * out_ld + static_cast<size_t>(seg) * k;
-  int32_t* oi = out_i + m * out_ld + static_cast<size_t>(seg) * k;
   for (int t = threadIdx.x; t < k; t += kSortThreads) {
-    ov[t] = sv[t];
-    oi[t] = si[t];
+    row.ov[t] = sv[t];
+    row.oi[t] = si[t];
   }
 }
 
@@ -170,25 +182,12 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const float* _
   __shared__ float wv[kSelThreads / 32];
   __shared__ int wi[kSelThreads / 32];
   __shared__ int win;
-  const int m = blockIdx.y, seg = blockIdx.x;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const float* rv = in_v + m * in_ld;
-  const int32_t* ri = in_i ? in_i + m * in_ld : nullptr;
+  const PassRow row = pass_row(in_v, in_i, in_ld, k, out_v, out_i, out_ld);
   float v[kSelE];
   int id[kSelE];
 #pragma unroll
-  for (int e = 0; e < kSelE; e++) {
-    const int x = seg * kSelSeg + e * kSelThreads + threadIdx.x;
-    if (x < n_in) {
-      v[e] = rv[x];
-      id[e] = ri ? ri[x] : x;
-    } else {
-      v[e] = -INFINITY;
-      id[e] = INT_MAX;
-    }
-  }
-  float* ov = out_v + m * out_ld + static_cast<size_t>(seg) * k;
-  int32_t* oi = out_i + m * out_ld + static_cast<size_t>(seg) * k;
+  for (int e = 0; e < kSelE; e++) row.load(blockIdx.x * kSelSeg + e * kSelThreads + threadIdx.x, n_in, v[e], id[e]);
   for (int r = 0; r < k; r++) {
     float bv = -INFINITY;
     int bi = INT_MAX;
@@ -209,8 +208,8 @@ __global__ void __launch_bounds__(kSelThreads) topk_select_kernel(const float* _
       bi = lane < kSelThreads / 32 ? wi[lane] : INT_MAX;
       warp_best(bv, bi);
       if (lane == 0) {
-        ov[r] = bv;
-        oi[r] = bi;
+        row.ov[r] = bv;
+        row.oi[r] = bi;
         win = bi;
       }
     }
