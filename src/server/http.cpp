@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "tokenizer/utf8.h"
 
 namespace qf::http {
 
@@ -85,7 +86,9 @@ std::string error_json(std::string_view message, std::string_view type, std::str
   nlohmann::json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
   if (!param.empty()) e["param"] = param;
   if (!code.empty()) e["code"] = code;
-  return nlohmann::json{{"error", e}}.dump();
+  // Messages quote client bytes (clipped and sanitized where they are built); should one still
+  // hold invalid UTF-8, it is replaced rather than thrown on the I/O thread.
+  return nlohmann::json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 const std::string* Request::header(std::string_view name) const {
@@ -377,7 +380,7 @@ struct Server::Impl {
       const bool digits = !cl->empty() && cl->size() <= 18 &&
                           std::all_of(cl->begin(), cl->end(), [](char ch) { return ch >= '0' && ch <= '9'; });
       if (!digits) {
-        fail_request(c, 400, "Content-Length: expected a decimal byte count, found '" + cl->substr(0, 32) + "'");
+        fail_request(c, 400, "Content-Length: expected a decimal byte count, found '" + utf8::clip(*cl, 32) + "'");
         return false;
       }
       for (const auto& [k, v] : r.headers)
