@@ -130,6 +130,8 @@ class Connection {
   bool keep_alive = true, http10 = false;
   uint32_t events = 0;
   size_t lingered = 0;
+  // Since when output has waited with no byte taken by the client (epoch: nothing waits).
+  Clock::time_point stalled_since{};
 
   // ---- shared with Reply (any thread), under mu ----
   std::mutex mu;
@@ -405,10 +407,12 @@ struct Server::Impl {
     bool finished = false, close_after = false;
     {
       std::lock_guard<std::mutex> l(c->mu);
+      bool progressed = false;
       while (!c->out.empty()) {
         const ssize_t n = ::send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
         if (n > 0) {
           c->out.erase(0, static_cast<size_t>(n));
+          progressed = true;
           continue;
         }
         if (n < 0 && errno == EINTR) continue;
@@ -416,6 +420,10 @@ struct Server::Impl {
         c->gone = true;
         break;
       }
+      if (c->out.empty())
+        c->stalled_since = {};
+      else if (progressed || c->stalled_since == Clock::time_point{})
+        c->stalled_since = Clock::now();
       if (c->gone) {
         c->out.clear();
       } else if (c->out.empty() && c->complete) {
@@ -448,9 +456,17 @@ struct Server::Impl {
 
   void sweep() {
     const auto now = Clock::now();
-    std::vector<std::shared_ptr<Connection>> late;
-    for (auto& [id, c] : conns)
-      if (c->phase != Connection::Phase::Dispatched && now > c->deadline) late.push_back(c);
+    const auto send_limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(lim.send_timeout_s));
+    std::vector<std::shared_ptr<Connection>> late, stalled;
+    for (auto& [id, c] : conns) {
+      // A client that takes none of its answer for send_timeout_s holds its slot no longer:
+      // it is gone (a generation for it stops) and the connection is closed.
+      if (c->stalled_since != Clock::time_point{} && now - c->stalled_since > send_limit)
+        stalled.push_back(c);
+      else if (c->phase != Connection::Phase::Dispatched && now > c->deadline)
+        late.push_back(c);
+    }
+    for (auto& c : stalled) drop(c);
     for (auto& c : late) {
       if (c->phase == Connection::Phase::Reading && c->in_request)
         fail_request(c, 408, strf("request: not received within %g s", lim.request_timeout_s));

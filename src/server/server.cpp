@@ -98,6 +98,7 @@ struct Server::Impl {
     lim.max_body_bytes = static_cast<size_t>(opt.max_body_bytes);
     lim.request_timeout_s = opt.request_timeout_s;
     lim.idle_timeout_s = opt.idle_timeout_s;
+    lim.send_timeout_s = opt.send_timeout_s;
     lim.max_connections = opt.max_connections;
     http = std::make_unique<http::Server>(lim, [this](http::Request&& r, std::shared_ptr<http::Reply> reply) {
       route(std::move(r), std::move(reply));
