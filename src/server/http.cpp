@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "tokenizer/utf8.h"
 
 namespace qf::http {
 
@@ -85,7 +86,9 @@ std::string error_json(std::string_view message, std::string_view type, std::str
   nlohmann::json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
   if (!param.empty()) e["param"] = param;
   if (!code.empty()) e["code"] = code;
-  return nlohmann::json{{"error", e}}.dump();
+  // Messages quote client bytes (clipped and sanitized where they are built); should one still
+  // hold invalid UTF-8, it is replaced rather than thrown on the I/O thread.
+  return nlohmann::json{{"error", e}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 const std::string* Request::header(std::string_view name) const {
@@ -127,6 +130,8 @@ class Connection {
   bool keep_alive = true, http10 = false;
   uint32_t events = 0;
   size_t lingered = 0;
+  // Since when output has waited with no byte taken by the client (epoch: nothing waits).
+  Clock::time_point stalled_since{};
 
   // ---- shared with Reply (any thread), under mu ----
   std::mutex mu;
@@ -377,7 +382,7 @@ struct Server::Impl {
       const bool digits = !cl->empty() && cl->size() <= 18 &&
                           std::all_of(cl->begin(), cl->end(), [](char ch) { return ch >= '0' && ch <= '9'; });
       if (!digits) {
-        fail_request(c, 400, "Content-Length: expected a decimal byte count, found '" + cl->substr(0, 32) + "'");
+        fail_request(c, 400, "Content-Length: expected a decimal byte count, found '" + utf8::clip(*cl, 32) + "'");
         return false;
       }
       for (const auto& [k, v] : r.headers)
@@ -402,10 +407,12 @@ struct Server::Impl {
     bool finished = false, close_after = false;
     {
       std::lock_guard<std::mutex> l(c->mu);
+      bool progressed = false;
       while (!c->out.empty()) {
         const ssize_t n = ::send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
         if (n > 0) {
           c->out.erase(0, static_cast<size_t>(n));
+          progressed = true;
           continue;
         }
         if (n < 0 && errno == EINTR) continue;
@@ -413,6 +420,10 @@ struct Server::Impl {
         c->gone = true;
         break;
       }
+      if (c->out.empty())
+        c->stalled_since = {};
+      else if (progressed || c->stalled_since == Clock::time_point{})
+        c->stalled_since = Clock::now();
       if (c->gone) {
         c->out.clear();
       } else if (c->out.empty() && c->complete) {
@@ -445,9 +456,17 @@ struct Server::Impl {
 
   void sweep() {
     const auto now = Clock::now();
-    std::vector<std::shared_ptr<Connection>> late;
-    for (auto& [id, c] : conns)
-      if (c->phase != Connection::Phase::Dispatched && now > c->deadline) late.push_back(c);
+    const auto send_limit = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(lim.send_timeout_s));
+    std::vector<std::shared_ptr<Connection>> late, stalled;
+    for (auto& [id, c] : conns) {
+      // A client that takes none of its answer for send_timeout_s holds its slot no longer:
+      // it is gone (a generation for it stops) and the connection is closed.
+      if (c->stalled_since != Clock::time_point{} && now - c->stalled_since > send_limit)
+        stalled.push_back(c);
+      else if (c->phase != Connection::Phase::Dispatched && now > c->deadline)
+        late.push_back(c);
+    }
+    for (auto& c : stalled) drop(c);
     for (auto& c : late) {
       if (c->phase == Connection::Phase::Reading && c->in_request)
         fail_request(c, 408, strf("request: not received within %g s", lim.request_timeout_s));

@@ -6,8 +6,9 @@
 // Limits (Limits below): header bytes (431), body bytes (413, before the body is read), a
 // deadline for the whole request counted from its first byte (408: a client trickling one
 // header line every few seconds does not extend it), an idle deadline between keep-alive
-// requests, a connection cap (past it the connection idle or slow for longest is closed), and a
-// cap on output a client has not read (past it the client counts as gone).
+// requests, a connection cap (past it the connection idle or slow for longest is closed), a cap
+// on output a client has not read and a deadline for a client that reads none of it (past
+// either the client counts as gone and its connection is closed).
 #pragma once
 #include <atomic>
 #include <cstdint>
@@ -39,6 +40,7 @@ struct Limits {
   double idle_timeout_s = 30;     // a kept-alive connection waiting for its next request
   int max_connections = 256;
   size_t max_unsent_bytes = size_t(16) << 20;  // response bytes the client has not read yet
+  double send_timeout_s = 30;  // output waits this long with no byte taken by the client: gone
 };
 
 // An OpenAI-style error body: {"error": {"message", "type", "param", "code"}}.

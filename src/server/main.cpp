@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   qf::ServerOptions so;
   int64_t port = so.port, queue = so.queue, workers = so.workers, max_body_mb = so.max_body_bytes >> 20,
           max_tokens = so.default_max_tokens, max_conn = so.max_connections;
-  double timeout = so.request_timeout_s;
+  double timeout = so.request_timeout_s, send_timeout = so.send_timeout_s;
   qf::cli::add_engine_flags(&app, eo);
   qf::cli::add_prefix_cache_flag(&app, eo);
   app.add_option("--host", so.host, "address to bind (default 127.0.0.1)");
@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   app.add_option("--workers", workers, "threads that parse and tokenize requests (default 2)");
   app.add_option("--max-body-mb", max_body_mb, "largest request body in MiB; larger gets 413 (default 16)");
   app.add_option("--request-timeout", timeout, "seconds a whole request may take to arrive; then 408 (default 10)");
+  app.add_option("--send-timeout", send_timeout, "seconds a client may read none of its answer; then it is dropped (default 30)");
   app.add_option("--max-connections", max_conn, "open connections; past it the longest-waiting idle one is closed (default 256)");
   app.add_option("--default-max-tokens", max_tokens, "max_tokens when a request gives none (default 256, or what fits)");
   try {
@@ -59,6 +60,9 @@ int main(int argc, char** argv) {
     so.max_connections = static_cast<int>(max_conn);
     so.default_max_tokens = static_cast<int>(max_tokens);
     so.request_timeout_s = timeout;
+    if (!(send_timeout >= 0.1 && send_timeout <= 3600))
+      qf::fail_option("send_timeout", "a number of seconds in [0.1, 3600]", qf::strf("%g", send_timeout));
+    so.send_timeout_s = send_timeout;
     qf::validate_engine_options(eo);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "tokenizer/utf8.h"
 
 namespace qf {
 
@@ -10,12 +11,8 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 
-// A value as shown in an error message: never more than a line of it.
-std::string shown(const ojson& v) {
-  std::string s = v.dump();
-  if (s.size() > 80) s = s.substr(0, 77) + "...";
-  return s;
-}
+// A value as shown in an error message: never more than a line of it, cut at a character.
+std::string shown(const ojson& v) { return utf8::clip(v.dump(-1, ' ', false, ojson::error_handler_t::replace), 80); }
 
 const ojson* field(const ojson& body, const char* key) {
   auto it = body.find(key);

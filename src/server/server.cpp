@@ -14,6 +14,7 @@
 #include "server/output.h"
 #include "server/request.h"
 #include "server/workers.h"
+#include "tokenizer/utf8.h"
 
 namespace qf {
 
@@ -97,6 +98,7 @@ struct Server::Impl {
     lim.max_body_bytes = static_cast<size_t>(opt.max_body_bytes);
     lim.request_timeout_s = opt.request_timeout_s;
     lim.idle_timeout_s = opt.idle_timeout_s;
+    lim.send_timeout_s = opt.send_timeout_s;
     lim.max_connections = opt.max_connections;
     http = std::make_unique<http::Server>(lim, [this](http::Request&& r, std::shared_ptr<http::Reply> reply) {
       route(std::move(r), std::move(reply));
@@ -121,9 +123,9 @@ struct Server::Impl {
       if (r.path == rt.path) allowed = rt.method;
     if (!allowed && r.path.rfind(models_prefix, 0) == 0) allowed = "GET";
     if (!allowed)
-      return refuse(*reply, {404, "no such endpoint: " + r.path.substr(0, 100) + " (see /v1/models, /v1/completions, /v1/chat/completions)", "", "not_found", {}});
+      return refuse(*reply, {404, "no such endpoint: " + utf8::clip(r.path, 100) + " (see /v1/models, /v1/completions, /v1/chat/completions)", "", "not_found", {}});
     if (r.method != allowed)
-      return refuse(*reply, {405, "method " + r.method.substr(0, 16) + " not allowed on " + r.path + "; use " + allowed, "",
+      return refuse(*reply, {405, "method " + utf8::clip(r.method, 16) + " not allowed on " + utf8::clip(r.path, 100) + "; use " + allowed, "",
                              "method_not_allowed", {{"Allow", allowed}}});
     if (r.path == "/") return reply->send(200, "text/html; charset=utf-8", live_page_html(), {{"Cache-Control", "no-store"}});
     if (r.path == "/favicon.ico") return reply->send(204, "image/x-icon", "");
@@ -141,8 +143,7 @@ struct Server::Impl {
   json model_card() const { return {{"id", opt.model_name}, {"object", "model"}, {"created", 0}, {"owned_by", "qflash"}}; }
 
   Refusal unknown_model(const std::string& name) const {
-    std::string shown = name.substr(0, 100);
-    return {404, "model '" + shown + "' not found; this server serves '" + opt.model_name + "'", "model", "model_not_found", {}};
+    return {404, "model '" + utf8::clip(name, 100) + "' not found; this server serves '" + opt.model_name + "'", "model", "model_not_found", {}};
   }
 
   json stats() {

@@ -24,6 +24,7 @@ struct ServerOptions {
   int64_t max_body_bytes = int64_t(16) << 20;
   double request_timeout_s = 10;  // a whole request (headers and body) must arrive within this
   double idle_timeout_s = 30;     // a kept-alive connection with no request is closed after this
+  double send_timeout_s = 30;     // a client that reads none of its answer for this long is gone
   int max_connections = 256;
 };
 

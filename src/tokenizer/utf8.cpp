@@ -1,5 +1,7 @@
 #include "tokenizer/utf8.h"
 
+#include <algorithm>
+
 namespace qf::utf8 {
 namespace {
 
@@ -103,6 +105,15 @@ std::string sanitize(std::string_view s) {
     }
   }
   return out;
+}
+
+std::string clip(std::string_view s, size_t max_bytes) {
+  std::string out = sanitize(s.substr(0, std::min(s.size(), max_bytes + 4)));
+  if (out.size() <= max_bytes && s.size() <= max_bytes) return out;
+  size_t cut = std::min(max_bytes, out.size());
+  while (cut > 0 && (static_cast<unsigned char>(out[cut]) & 0xC0) == 0x80) cut--;  // a continuation byte
+  out.resize(cut);
+  return out + "...";
 }
 
 }  // namespace qf::utf8

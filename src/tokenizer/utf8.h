@@ -31,4 +31,8 @@ bool is_valid(std::string_view s);
 // Copy of s with every maximal ill-formed subpart replaced by U+FFFD.
 std::string sanitize(std::string_view s);
 
+// At most `max_bytes` of sanitize(s), cut at a character boundary, with "..." appended when
+// anything was cut: a piece of untrusted text that is safe to quote (in JSON, in a log line).
+std::string clip(std::string_view s, size_t max_bytes);
+
 }  // namespace qf::utf8

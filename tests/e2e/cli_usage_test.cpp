@@ -106,7 +106,7 @@ TEST(CliUsage, LimitsOfTheLoadedModelAreUsageErrors) {
   EXPECT_EQ(ok.status, 0) << ok.out;
 }
 
-// Compiled only where CMake builds qflash-server (cpp-httplib present: CI, not the GPU machine).
+// Compiled only where CMake builds qflash-server.
 #if defined(QFLASH_SERVER_BUILT)
 TEST(CliUsage, ServerUsageErrorsExitTwo) {
   const std::string server = std::string(QFLASH_BINARY_DIR) + "/qflash-server";
@@ -116,6 +116,7 @@ TEST(CliUsage, ServerUsageErrorsExitTwo) {
            {"--device gpu", "device: expected auto, cpu or cuda, found 'gpu'"},
            {"--port 70000", "port: expected an integer in [0, 65535], found 70000"},
            {"--prefix-cache-mb -1", "prefix_cache_mb: expected an integer in [0, 1048576] (MiB; 0 = off), found -1"},
+           {"--send-timeout 0", "send_timeout: expected a number of seconds in [0.1, 3600], found 0"},
            {"--bogus", "--bogus"}}) {
     const Result r = run(server + " " + args);
     EXPECT_EQ(r.status, 2) << args << ":\n" << r.out;

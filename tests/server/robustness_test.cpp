@@ -159,6 +159,63 @@ TEST(ServerRobustness, NonStreamingRequestIsCancelledWhenTheClientLeaves) {
   EXPECT_EQ(last["stop_reason"], "callback");
 }
 
+// Clients that stop reading: each pipelines many requests for the live page and reads none of
+// the answers, so its output waits in the server. With as many of them as the connection cap,
+// every slot is held by a connection that is not waiting for a request (none can be evicted),
+// so a newcomer only gets in once the send deadline has dropped them (a generation for such a
+// client stops as when it hangs up: it counts as gone).
+TEST(ServerRobustness, ClientsThatStopReadingAreDropped) {
+  ServerOptions so;
+  so.max_connections = 8;
+  so.send_timeout_s = 1.5;
+  RunningServer s(so);
+  const size_t page_bytes = request(s.port, "GET", "/").body.size();
+  ASSERT_GT(page_bytes, 1000u);
+  const int n_requests = 4000;  // more answer bytes than the socket buffers on both sides hold
+  std::string pipelined;
+  for (int i = 0; i < n_requests; i++) pipelined += "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::vector<int> stuck;
+  for (int i = 0; i < 8; i++) {
+    const int fd = connect_to(s.port);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(send_all(fd, pipelined));
+    stuck.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  // Every slot is held: a new connection is turned away while they are.
+  auto early = request(s.port, "GET", "/health", "", "", 0.5);
+  EXPECT_FALSE(early.ok && early.status == 200) << "the stalled connections did not fill the cap";
+  const auto t0 = Clock::now();
+  HttpResponse h;
+  while (seconds_since(t0) < 6) {
+    h = request(s.port, "GET", "/health", "", "", 0.5);
+    if (h.ok && h.status == 200) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(h.status, 200) << "/health did not answer once the send deadline had passed";
+  // The stalled connections were closed: reading one now ends (what the kernel had buffered,
+  // then the end) before all its answers arrive.
+  const auto t1 = Clock::now();
+  for (int fd : stuck) {
+    size_t got = 0;
+    bool ended = false;
+    while (seconds_since(t1) < 30) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 200) <= 0) continue;
+      char buf[65536];
+      const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        ended = true;
+        break;
+      }
+      got += static_cast<size_t>(n);
+    }
+    EXPECT_TRUE(ended) << "a connection that read nothing for longer than the send deadline was kept (" << got << " bytes)";
+    EXPECT_LT(got, n_requests * page_bytes);
+    ::close(fd);
+  }
+}
+
 TEST(ServerRobustness, KeepAliveAndPipelinedRequests) {
   RunningServer s;
   const int fd = connect_to(s.port);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/server/server_fixture.h"
+#include "tokenizer/utf8.h"
 
 namespace qf::test {
 namespace {
@@ -249,6 +250,57 @@ TEST_F(ServerTest, ChatStreamStartsWithTheRoleAndEqualsTheWholeReply) {
     if (d.contains("content")) content += d["content"].get<std::string>();
   }
   EXPECT_EQ(content, w["choices"][0]["message"]["content"].get<std::string>());
+}
+
+// Error messages quote what the client sent (a path, a method, a header, a model name, a
+// value): cut at a character and with invalid UTF-8 replaced, so the body is valid JSON and the
+// server survives. Before, one such request threw on the I/O thread (the server died) or gave a
+// 500 for an unknown model whose name had a multi-byte character at the cut.
+TEST_F(ServerTest, ErrorsQuotingClientBytesStayValidJson) {
+  auto raw = [&](const std::string& head) {
+    const int fd = connect_to(port());
+    send_all(fd, head);
+    HttpResponse r = read_response(fd, 10);
+    ::close(fd);
+    return r;
+  };
+  auto valid = [](const HttpResponse& r) {
+    EXPECT_TRUE(utf8::is_valid(r.body)) << r.body;
+    EXPECT_FALSE(json::parse(r.body, nullptr, false).is_discarded()) << r.body;
+  };
+  const std::string e_acute = "\xC3\xA9";  // two bytes
+  struct Case {
+    std::string head;
+    int status;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"GET /\xFF\xFE HTTP/1.1\r\nHost: x\r\n\r\n", 404, ""},
+      {"GET /" + std::string(98, 'a') + e_acute + " HTTP/1.1\r\nHost: x\r\n\r\n", 404, ""},  // the cut: inside it
+      {"G\xFFT /health HTTP/1.1\r\nHost: x\r\n\r\n", 405, ""},
+      {std::string(15, 'P') + e_acute + " /health HTTP/1.1\r\nHost: x\r\n\r\n", 405, ""},
+      {"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: 1\xFF\r\n\r\n", 400, ""},
+      {"GET /health HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::string(31, '1') + e_acute + "\r\n\r\n", 400, ""},
+  };
+  for (const Case& c : cases) {
+    const HttpResponse r = raw(c.head);
+    ASSERT_TRUE(r.ok) << "no answer to " << json(utf8::sanitize(c.head)).dump();
+    expect_error(r, c.status, c.param);
+    valid(r);
+    ASSERT_EQ(request(port(), "GET", "/health").status, 200) << "the server died";
+  }
+  // Body values whose quoted form is cut inside a character, at either byte.
+  for (const std::string& pad : {std::string("a"), std::string("")}) {
+    auto m = post(port(), "/v1/completions", {{"prompt", "x"}, {"model", pad + std::string(98, 'm') + e_acute + e_acute}});
+    expect_error(m, 404, "model");
+    valid(m);
+    std::string v = pad;
+    for (int i = 0; i < 60; i++) v += e_acute;
+    auto t = post(port(), "/v1/completions", {{"prompt", "x"}, {"top_p", v}});
+    expect_error(t, 400, "top_p");
+    valid(t);
+  }
+  EXPECT_EQ(request(port(), "GET", "/health").status, 200);
 }
 
 // Prefix reuse through the server (runtime/prefix_cache.h): a request whose prompt extends an

@@ -353,6 +353,24 @@ TEST(TokenizerTiny, AddedTokenFlags) {
 
 // ---- UTF-8 helpers: maximal-subpart replacement as Python's errors="replace" does ----------
 
+// clip: untrusted text cut to a byte budget at a character boundary, never invalid.
+TEST(TokenizerUtf8, ClipCutsAtACharacterAndSanitizes) {
+  const std::string e = "\xC3\xA9", snow = "\xE2\x98\x83";  // 2 and 3 bytes
+  EXPECT_EQ(qf::utf8::clip("short", 10), "short");
+  EXPECT_EQ(qf::utf8::clip("abcdef", 3), "abc...");
+  for (size_t budget = 0; budget < 12; budget++) {
+    const std::string in = "a" + e + snow + e + snow + "z";
+    const std::string out = qf::utf8::clip(in, budget);
+    EXPECT_TRUE(qf::utf8::is_valid(out)) << budget;
+    ASSERT_GE(out.size(), 3u);
+    const std::string kept = out.substr(0, out.size() - 3);
+    EXPECT_LE(kept.size(), budget);
+    EXPECT_EQ(in.compare(0, kept.size(), kept), 0) << budget;  // a prefix of the input
+    EXPECT_GT(kept.size() + 3, budget) << "cut more than one character short: " << budget;
+  }
+  EXPECT_EQ(qf::utf8::clip("a\xFF" "b", 10), "a\xEF\xBF\xBD" "b");
+}
+
 TEST(TokenizerUtf8, SanitizeMaximalSubparts) {
   const std::string R = "\xEF\xBF\xBD";
   EXPECT_EQ(qf::utf8::sanitize("ok"), "ok");
