@@ -86,7 +86,7 @@ struct Server::Impl {
   json last_stats = json::object();
   size_t max_prompt_bytes = 0;
 
-  Impl(Engine& e, const ServerOptions& o) : engine(e), opt(o) {
+  Impl(Engine& e, const ServerOptions& o, GenerateFn gen) : engine(e), opt(o) {
     if (opt.model_name.empty()) opt.model_name = std::filesystem::path(engine.model_dir()).filename().string();
     // A text longer than this has more tokens than the context holds, whatever it says: every
     // token covers at most `longest` bytes, and NFC shortens text at most 3x (Hangul jamo).
@@ -105,7 +105,7 @@ struct Server::Impl {
     });
     port = http->bind(opt.host, opt.port);
     workers = std::make_unique<WorkerPool>(opt.workers);
-    queue = std::make_unique<EngineQueue>(engine, opt.queue);
+    queue = std::make_unique<EngineQueue>(engine, opt.queue, std::move(gen));
   }
 
   // On the HTTP thread: cheap answers here, completions to the pool.
@@ -335,7 +335,8 @@ struct Server::Impl {
   };
 };
 
-Server::Server(Engine& engine, const ServerOptions& opt) : impl_(std::make_unique<Impl>(engine, opt)) {}
+Server::Server(Engine& engine, const ServerOptions& opt, GenerateFn generate_fn)
+    : impl_(std::make_unique<Impl>(engine, opt, std::move(generate_fn))) {}
 
 Server::~Server() {
   stop();

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "runtime/engine.h"
+#include "server/workers.h"
 
 namespace qf {
 
@@ -31,7 +32,9 @@ struct ServerOptions {
 class Server {
  public:
   // Binds (exclusively) at once: throws qf::Error naming the address when it cannot.
-  Server(Engine& engine, const ServerOptions& opt);
+  // `generate_fn` is for tests only (a scripted token source in place of Engine::generate, see
+  // EngineQueue); qflash-server never sets it. The engine still tokenizes, bounds and decodes.
+  Server(Engine& engine, const ServerOptions& opt, GenerateFn generate_fn = nullptr);
   ~Server();
   int port() const;
   void run();               // serves until stop()

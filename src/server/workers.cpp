@@ -42,7 +42,8 @@ void WorkerPool::submit(std::function<void()> task) {
   cv_.notify_one();
 }
 
-EngineQueue::EngineQueue(Engine& engine, int capacity) : engine_(engine), capacity_(std::max(0, capacity)) {
+EngineQueue::EngineQueue(Engine& engine, int capacity, GenerateFn generate_fn)
+    : engine_(engine), generate_fn_(std::move(generate_fn)), capacity_(std::max(0, capacity)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -94,17 +95,17 @@ GenStats EngineQueue::generate(const std::vector<int32_t>& prompt, const Generat
   // The round loop reports each round (accepted drafts a, then the bonus) before it emits the
   // round's tokens: the next a tokens are drafts, the one after them the target's.
   int drafts_left = 0;
-  return engine_.generate(
-      prompt, opt,
-      [&](int32_t t) {
-        const TokenOrigin o = drafts_left > 0 ? TokenOrigin::Draft : TokenOrigin::Target;
-        if (drafts_left > 0) drafts_left--;
-        return on_token(t, o);
-      },
-      [&](int, const std::vector<int32_t>& drafts, int accepted, int32_t) {
-        drafts_left = accepted;
-        if (on_round) on_round(static_cast<int>(drafts.size()), accepted);
-      });
+  const TokenCallback tokens = [&](int32_t t) {
+    const TokenOrigin o = drafts_left > 0 ? TokenOrigin::Draft : TokenOrigin::Target;
+    if (drafts_left > 0) drafts_left--;
+    return on_token(t, o);
+  };
+  const RoundCallback rounds = [&](int, const std::vector<int32_t>& drafts, int accepted, int32_t) {
+    drafts_left = accepted;
+    if (on_round) on_round(static_cast<int>(drafts.size()), accepted);
+  };
+  if (generate_fn_) return generate_fn_(prompt, opt, tokens, rounds);
+  return engine_.generate(prompt, opt, tokens, rounds);
 }
 
 void EngineQueue::loop() {

@@ -42,10 +42,20 @@ struct EngineJob {
   std::function<bool()> cancelled;  // the client went away
 };
 
+// What produces one generation's tokens, with Engine::generate's contract: every emitted token
+// through the token callback (false stops it), each round through the round callback before
+// the round's tokens, `max_new_tokens` and `stop_ids` honoured (a stop id is not emitted), and
+// GenStats with the stop reason. The server runs Engine::generate; tests inject a scripted
+// source here (tests/server/scripted_generation.h) so that everything after the engine, from
+// token origins to the HTTP bytes, runs as it does in production on a known token sequence.
+using GenerateFn = std::function<GenStats(const std::vector<int32_t>& prompt, const GenerateOptions& opt,
+                                          const TokenCallback& on_token, const RoundCallback& on_round)>;
+
 class EngineQueue {
  public:
   // `capacity`: jobs that may wait behind the running one; a submit beyond that is refused.
-  EngineQueue(Engine& engine, int capacity);
+  // `generate_fn`: tests only; empty runs the engine.
+  EngineQueue(Engine& engine, int capacity, GenerateFn generate_fn = nullptr);
   ~EngineQueue();  // cancels what waits (on_finish "cancelled"), finishes the running job
   bool submit(std::shared_ptr<EngineJob> job);
   int waiting() const;
@@ -63,6 +73,7 @@ class EngineQueue {
  private:
   void loop();
   Engine& engine_;
+  const GenerateFn generate_fn_;
   const int capacity_;
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -33,10 +33,11 @@ inline Engine& small_engine() {
 struct RunningServer {
   std::unique_ptr<Server> server;
   int port = 0;
-  explicit RunningServer(ServerOptions so = {}, Engine& engine = demo_engine()) {
+  // `generate_fn`: a scripted token source in place of the engine (scripted_generation.h).
+  explicit RunningServer(ServerOptions so = {}, Engine& engine = demo_engine(), GenerateFn generate_fn = nullptr) {
     so.port = 0;
     if (so.model_name.empty()) so.model_name = "demo";
-    server = std::make_unique<Server>(engine, so);
+    server = std::make_unique<Server>(engine, so, std::move(generate_fn));
     port = server->start_background();
   }
 };
