@@ -92,6 +92,26 @@ Streamed read_stream(const HttpResponse& r) {
   return s;
 }
 
+// A text-only answer (no tool_calls), streamed or whole: its content and its one finish reason.
+struct TextAnswer {
+  std::string content, finish;
+};
+void text_answer(const HttpResponse& r, bool stream, TextAnswer* out) {
+  if (stream) {
+    const Streamed st = read_stream(r);
+    EXPECT_TRUE(st.calls.empty()) << r.body;
+    out->content = st.content;
+    ASSERT_EQ(st.finish_reasons.size(), 1u);
+    out->finish = st.finish_reasons[0];
+  } else {
+    const json j = json::parse(r.body);
+    EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls")) << r.body;
+    out->content = j["choices"][0]["message"]["content"].get<std::string>();
+    out->finish = j["choices"][0]["finish_reason"].get<std::string>();
+  }
+}
+
+
 // No trace of the call's markup in text meant for the user.
 void expect_no_call_text(const std::string& s) {
   for (const char* bit : {"<tool", "tool_call", "</tool", "\"name\"", "\"arguments\"", "get_weather"})
@@ -185,19 +205,9 @@ TEST(ServerToolCalls, WithoutToolsOrCutShortTheCallStaysText) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
     const HttpResponse r = post(s.port(), "/v1/chat/completions", chat_body(stream, /*tools=*/false));
     ASSERT_EQ(r.status, 200) << r.body;
-    std::string content, finish;
-    if (stream) {
-      const Streamed st = read_stream(r);
-      EXPECT_TRUE(st.calls.empty());
-      content = st.content;
-      ASSERT_EQ(st.finish_reasons.size(), 1u);
-      finish = st.finish_reasons[0];
-    } else {
-      const json j = json::parse(r.body);
-      EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls")) << r.body;
-      content = j["choices"][0]["message"]["content"].get<std::string>();
-      finish = j["choices"][0]["finish_reason"].get<std::string>();
-    }
+    TextAnswer ta;
+    ASSERT_NO_FATAL_FAILURE(text_answer(r, stream, &ta));
+    const std::string &content = ta.content, &finish = ta.finish;
     EXPECT_EQ(finish, "stop");
     EXPECT_NE(content.find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n</tool_call>"),
               std::string::npos)
@@ -213,19 +223,9 @@ TEST(ServerToolCalls, WithoutToolsOrCutShortTheCallStaysText) {
     b["max_tokens"] = s.script.piece_start[cut];
     const HttpResponse r = post(s.port(), "/v1/chat/completions", b);
     ASSERT_EQ(r.status, 200) << r.body;
-    std::string content, finish;
-    if (stream) {
-      const Streamed st = read_stream(r);
-      EXPECT_TRUE(st.calls.empty()) << r.body;
-      content = st.content;
-      ASSERT_EQ(st.finish_reasons.size(), 1u);
-      finish = st.finish_reasons[0];
-    } else {
-      const json j = json::parse(r.body);
-      EXPECT_FALSE(j["choices"][0]["message"].contains("tool_calls")) << r.body;
-      content = j["choices"][0]["message"]["content"].get<std::string>();
-      finish = j["choices"][0]["finish_reason"].get<std::string>();
-    }
+    TextAnswer ta;
+    ASSERT_NO_FATAL_FAILURE(text_answer(r, stream, &ta));
+    const std::string &content = ta.content, &finish = ta.finish;
     EXPECT_EQ(finish, "length");
     EXPECT_TRUE(content.starts_with("Let me check that.")) << content;
     EXPECT_TRUE(content.ends_with("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par")) << content;
