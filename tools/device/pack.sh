@@ -8,7 +8,7 @@ BUILD="${1:-build-cuda}"
 case "$BUILD" in /*) ;; *) BUILD="$ROOT/$BUILD" ;; esac
 STAGE=$(mktemp -d)
 mkdir -p "$STAGE/bin" "$ROOT/gpu"
-for b in qflash qflash_tests qflash_e2e_tests qflash_gemv_bench qflash_lab_gemv_tc qflash_lab_gemv_fma qflash_gemm_bench qflash_gdn_bench; do
+for b in qflash qflash_tests qflash_e2e_tests qflash_gemv_bench qflash_lab_gemv_tc qflash_lab_gemv_fma qflash_lab_gemv_q4 qflash_gemm_bench qflash_gdn_bench; do
   cp "$BUILD/$b" "$STAGE/bin/"
 done
 strip "$STAGE"/bin/qflash*

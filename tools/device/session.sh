@@ -25,6 +25,8 @@
 #             vs a streaming read, production layouts, then the lab's schedules (not default)
 #   lab       the kernel lab, --quick: every version of the tensor-core and CUDA-core GEMV checked
 #             against the CPU and for row-invariance, then timed (not default)
+#   labq4     the int4 GEMV lab (bench/lab_gemv_q4.cu): versions checked (CPU, row-invariance, bits vs
+#             production), then timed on the 27B int4 shapes at M = 1, 2, 8, 16 (not default)
 #   int4, bench27q4, bench27q4s, bench27q4l, prof27q4 (not default): int4 GEMV/op-table/identity
 #             tests on cuda, 27B int4 benches (bench27q4l: an 8k prompt through the int4 prefill)
 #   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
@@ -158,6 +160,9 @@ want sweep && step sweep 90 plain "$BIN/qflash_gemv_bench" --sweep
 want sweep && step sweep_lab 90 plain "$BIN/qflash_lab_gemv_tc" --sweep
 want lab   && step lab_tc 150 plain "$BIN/qflash_lab_gemv_tc" --quick
 want lab   && step lab_fma 120 plain "$BIN/qflash_lab_gemv_fma" --quick
+# int4 GEMV lab (issue 14): production vs the cheaper-split / prepared-activation / deeper / other
+# split recipes, and the two diagnostics (no ALU work, no MMA) that bound what each fix can give
+want labq4 && step lab_q4 200 plain "$BIN/qflash_lab_gemv_q4"
 # Hardware counters for the tensor-core GEMV (one launch per shape class), for the next tuning round
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if want ncu && [[ -n "$NCU" ]]; then
@@ -277,7 +282,7 @@ tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
 for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/bench27q4s.log "$LOG"/bench27q4l.log \
          "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/gemv.log "$LOG"/sweep.log \
-         "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
+         "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/lab_q4.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
          "$LOG"/prefill32k.log "$LOG"/prefill128k.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done

@@ -1,0 +1,330 @@
+// Kernel lab: the int4 tensor-core GEMV (src/backend/cuda/gemv_tc_q4_impl.cuh). Issue 14 wants int4
+// decode at >= 240 tok/s on the 27B (the kernel streamed 1.41 TB/s in run 23, 33% of the copy
+// ceiling); this lab tells where its time goes and tries the fixes, each against production:
+//   - every non-diagnostic version is checked before it is timed: against a double-precision CPU
+//     dequantization (rows sampled on the big shapes; every output element must be written), for
+//     row-invariance (rows of M = 1 and M = 9 calls have the bits of the same rows of the M = 16
+//     call) and, where it claims production's arithmetic, bit for bit against production;
+//   - then timed with CUDA events over weights rotated past the L2 (GB/s of weight bytes, % of the
+//     device's copy ceiling), on the 27B's int4 (group 64) projections.
+//   qflash_lab_gemv_q4 [VERSION ...] [--quick] [--reps N] [--M 1,2,8,16]
+// Versions:
+//   1 prod     the production entry point (gemv_tc_q4_group)
+//   2 x2       two activations per bf16 conversion (cvt.rn.bf16x2.f32): production's bits, fewer
+//              instructions per k-step
+//   3 prex     activation pieces and group sums made once per launch by q4_prepare_x_kernel
+//              instead of once per 32-row tile; timed with that extra launch (production's bits)
+//   4 x2d6     x2 with 6 units in flight per warp instead of 4 (production's bits)
+//   5-8 ks1..ks8  production's arithmetic with the column split forced to 1, 2, 4, 8 slices
+//              (other shapes of the grid; bits differ from production where its ks differs)
+//   9 noalu    diagnostic, not checked: the weight words and raw activation bits go straight into
+//              the MMAs (no split, no dequant, no token sums): the kernel's speed without its ALU
+//              work, i.e. what a cheaper dequant could reach at best
+//   10 nomma   diagnostic, not checked: every MMA input computed, no MMA issued
+// Exit status 1 when a checked version fails a check. docs/experiments/cuda_kernels.md has the
+// reasoning and, once it has run on the H200, the numbers.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/gemv_tc_q4_impl.cuh"
+#include "bench_util.cuh"
+
+namespace qf::cuda {
+namespace {
+
+struct RecipeX2 : Q4Recipe {
+  static constexpr bool split_x2 = true;
+};
+struct RecipePre : Q4Recipe {
+  static constexpr bool pre_x = true;
+};
+struct RecipeX2D6 : Q4Recipe {
+  static constexpr bool split_x2 = true;
+  static constexpr int depth = 6;
+};
+struct RecipeNoAlu : Q4Recipe {
+  static constexpr bool diag_no_alu = true;
+};
+struct RecipeNoMma : Q4Recipe {
+  static constexpr bool diag_no_mma = true;
+};
+
+}  // namespace
+}  // namespace qf::cuda
+
+using namespace qf;
+using namespace qf::bench;
+
+namespace {
+
+constexpr int kVersions = 10;
+const char* const kNames[kVersions + 1] = {"", "prod", "x2", "prex", "x2d6", "ks1", "ks2", "ks4", "ks8", "noalu", "nomma"};
+bool same_bits_as_prod(int v) { return v >= 2 && v <= 4; }
+bool diagnostic(int v) { return v >= 9; }
+
+// Scratch of the pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of
+// (cols / 32) groups (the smallest group) x 16 tokens.
+uint4* g_xq = nullptr;
+float* g_xs = nullptr;
+int64_t g_scratch_cols = 0;
+
+void ensure_scratch(int64_t cols) {
+  if (cols <= g_scratch_cols) return;
+  if (g_xq) cudaFree(g_xq);
+  if (g_xs) cudaFree(g_xs);
+  g_xq = static_cast<uint4*>(dmalloc(static_cast<size_t>(16) * (cols / 16) * 4 * sizeof(uint4)));
+  g_xs = static_cast<float*>(dmalloc(static_cast<size_t>(cols / 32) * 16 * sizeof(float)));
+  g_scratch_cols = cols;
+}
+
+void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M) {
+  cuda::Q4RunOpts o;
+  switch (v) {
+    case 1: cuda::gemv_tc_q4_group(Ws, ys, n, x, x_ld, M, g_st); return;
+    case 2: cuda::q4_run<cuda::RecipeX2>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
+    case 3:
+      ensure_scratch(Ws[0]->cols);
+      o.np = 2;
+      o.xq = g_xq;
+      o.xs = g_xs;
+      cuda::q4_run<cuda::RecipePre>(Ws, ys, n, x, x_ld, M, g_st, false, o);
+      return;
+    case 4: cuda::q4_run<cuda::RecipeX2D6>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
+    case 9: cuda::q4_run<cuda::RecipeNoAlu>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
+    case 10: cuda::q4_run<cuda::RecipeNoMma>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
+    default:
+      o.ks = 1 << (v - 5);
+      cuda::q4_run<cuda::Q4Recipe>(Ws, ys, n, x, x_ld, M, g_st, false, o);
+  }
+}
+
+// A group of int4 weights with the same cols (group 64), row-major (for the CPU) and relaid.
+struct Case {
+  std::string name;
+  std::vector<int64_t> rows;
+  int64_t cols;
+};
+
+struct Loaded {
+  std::vector<Mat> mats;                       // row-major mlx int4 (q, scales, biases)
+  std::vector<std::vector<WeightRef>> tiled;   // the same in kTcQ4, one per rotation copy
+};
+
+Loaded load(const Case& c) {
+  Loaded l;
+  for (int64_t r : c.rows) {
+    l.mats.push_back(make_mat(DType::U32, r, c.cols, 64));
+    Mat& m = l.mats.back();
+    std::vector<WeightRef> tw(m.w);
+    for (WeightRef& w : tw) {
+      void* p = dmalloc(cuda::gemv_tc_q4_bytes(w.rows, w.cols, w.group));
+      cuda::gemv_tc_q4_relayout(w, p, g_st);
+      w.data = p;
+      w.scales = nullptr;
+      w.biases = nullptr;
+      w.layout = WeightRef::kTcQ4;
+      m.owned.push_back(p);
+    }
+    l.tiled.push_back(std::move(tw));
+  }
+  QF_CUDA_CHECK(cudaStreamSynchronize(g_st));
+  return l;
+}
+
+std::vector<const WeightRef*> group(const Loaded& l, int k) {
+  std::vector<const WeightRef*> p;
+  for (const auto& v : l.tiled) p.push_back(&v[k % v.size()]);
+  return p;
+}
+
+// Double-precision reference of a row-major int4 weight on the checked rows:
+// w[r, c] = q[r, c] * scale[r, c / G] + bias[r, c / G] (bf16 scale and bias), y = sum_c w x.
+CpuRef cpu_ref_q4(const WeightRef& W, const std::vector<float>& x, int M) {
+  QF_CUDA_CHECK(cudaStreamSynchronize(g_st));
+  CpuRef r;
+  r.rows = check_rows(W.rows);
+  r.M = M;
+  const int64_t ng = W.cols / W.group;
+  std::vector<uint32_t> q(static_cast<size_t>(W.cols / 8));
+  std::vector<uint16_t> s(static_cast<size_t>(ng)), b(static_cast<size_t>(ng));
+  r.y.assign(static_cast<size_t>(M) * r.rows.size(), 0.0);
+  for (size_t k = 0; k < r.rows.size(); k++) {
+    const int64_t row = r.rows[k];
+    QF_CUDA_CHECK(cudaMemcpy(q.data(), static_cast<const uint32_t*>(W.data) + row * (W.cols / 8), q.size() * 4,
+                             cudaMemcpyDeviceToHost));
+    QF_CUDA_CHECK(cudaMemcpy(s.data(), static_cast<const uint16_t*>(W.scales) + row * ng, s.size() * 2, cudaMemcpyDeviceToHost));
+    QF_CUDA_CHECK(cudaMemcpy(b.data(), static_cast<const uint16_t*>(W.biases) + row * ng, b.size() * 2, cudaMemcpyDeviceToHost));
+    for (int m = 0; m < M; m++) {
+      double acc = 0;
+      for (int64_t c = 0; c < W.cols; c++) {
+        const double qv = static_cast<double>((q[c / 8] >> (4 * (c % 8))) & 15u);
+        const double w = qv * bf16_to_float(s[c / W.group]) + bf16_to_float(b[c / W.group]);
+        acc += w * x[static_cast<size_t>(m) * W.cols + c];
+      }
+      r.y[static_cast<size_t>(m) * r.rows.size() + k] = acc;
+    }
+  }
+  return r;
+}
+
+// M = 16 against the CPU; rows of M = 1 and M = 9 calls against the same rows of the M = 16 call;
+// for versions that claim production's arithmetic, every bit against production at M = 1, 8, 16.
+std::string check(int v, const Case& c, const Loaded& l, const float* dx, const std::vector<CpuRef>& refs) {
+  const int n = static_cast<int>(c.rows.size()), cols = static_cast<int>(c.cols);
+  std::vector<float*> ys(n);
+  for (int i = 0; i < n; i++) ys[i] = static_cast<float*>(dmalloc(static_cast<size_t>(16) * c.rows[i] * 4));
+  auto call = [&](int ver, int M, int off) {
+    for (int i = 0; i < n; i++) poison(ys[i], static_cast<size_t>(M) * c.rows[i] * 4);
+    const auto ws = group(l, 0);
+    run_version(ver, ws.data(), ys.data(), n, dx + static_cast<size_t>(off) * cols, cols, M);
+    std::vector<std::vector<float>> out(n);
+    for (int i = 0; i < n; i++) out[i] = download(ys[i], static_cast<size_t>(M) * c.rows[i]);
+    return out;
+  };
+  std::string err;
+  const auto full = call(v, 16, 0);
+  // Bound: the 2-piece split leaves <= 2^-17 |x| per activation and the tensor core's fp32 sums
+  // of one group truncate; 1e-5 of the largest reference value is far above both and far below
+  // any real mistake (a wrong nibble, scale or token moves a result by ~1e-2 of it).
+  for (int i = 0; i < n && err.empty(); i++) {
+    err = check_against(full[i], c.rows[i], refs[i], 1e-5);
+    if (!err.empty()) err = cuda::fmt_str("weight %d vs CPU: ", i) + err;
+  }
+  const int probes[][2] = {{1, 0}, {1, 5}, {1, 8}, {1, 15}, {9, 7}};  // {M, first row}
+  for (const auto& pr : probes) {
+    if (!err.empty()) break;
+    const auto part = call(v, pr[0], pr[1]);
+    for (int i = 0; i < n && err.empty(); i++)
+      if (std::memcmp(part[i].data(), full[i].data() + static_cast<size_t>(pr[1]) * c.rows[i], part[i].size() * 4))
+        err = cuda::fmt_str("weight %d: rows %d..%d of an M = %d call differ from the M = 16 call (row-invariance)", i,
+                            pr[1], pr[1] + pr[0] - 1, pr[0]);
+  }
+  if (err.empty() && same_bits_as_prod(v))
+    for (int M : {1, 8, 16}) {
+      const auto mine = call(v, M, 0), prod = call(1, M, 0);
+      for (int i = 0; i < n && err.empty(); i++)
+        if (std::memcmp(mine[i].data(), prod[i].data(), mine[i].size() * 4))
+          err = cuda::fmt_str("weight %d, M = %d: bits differ from production", i, M);
+      if (!err.empty()) break;
+    }
+  for (float* y : ys) cudaFree(y);
+  return err;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  std::vector<int> versions, Ms = {1, 2, 8, 16};
+  for (int i = 1; i < argc; i++) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::max(5, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--M") && i + 1 < argc) Ms = parse_ints(argv[++i]);
+    else if (std::atoi(argv[i]) >= 1 && std::atoi(argv[i]) <= kVersions) versions.push_back(std::atoi(argv[i]));
+    else {
+      std::fprintf(stderr, "usage: %s [VERSION 1..%d ...] [--quick] [--reps N] [--M 1,2,8,16]\n", argv[0], kVersions);
+      return 2;
+    }
+  }
+  for (int M : Ms)
+    if (M < 1 || M > 16) {
+      std::fprintf(stderr, "%s: --M values must be 1..16 (found %d)\n", argv[0], M);
+      return 2;
+    }
+  if (versions.empty())
+    for (int v = 1; v <= kVersions; v++) versions.push_back(v);
+  try {
+    Ceil ce;
+    if (!bench_init("qflash_lab_gemv_q4", &ce)) return 1;
+    // Checked only (ragged tiles, one warp, a group with a short member); then the 27B shapes,
+    // as the model groups them (gate|up, GDN qkv|z|a|b, attention q|k|v), checked and timed.
+    std::vector<Case> cases = {{"37x256", {37}, 256}, {"4100x128", {4100}, 128}, {"group 640+33+96 x 1024", {640, 33, 96}, 1024}};
+    const size_t n_small = cases.size();
+    std::vector<Case> timed = {{"mlp gate|up 2x17408x5120", {17408, 17408}, 5120},
+                               {"mlp down 5120x17408", {5120}, 17408},
+                               {"gdn in 10240+6144+48+48", {10240, 6144, 48, 48}, 5120},
+                               {"attn q|k|v 12288+1024+1024", {12288, 1024, 1024}, 5120},
+                               {"gdn out / attn o 5120x6144", {5120}, 6144},
+                               {"lm_head 248320x5120", {248320}, 5120}};
+    if (quick) timed = {timed[0], timed[1], timed[4]};
+    cases.insert(cases.end(), timed.begin(), timed.end());
+    int64_t maxcols = 0, maxrows = 0;
+    for (const Case& c : cases) {
+      maxcols = std::max(maxcols, c.cols);
+      for (int64_t r : c.rows) maxrows = std::max(maxrows, r);
+    }
+    std::vector<float> hx(static_cast<size_t>(16) * maxcols);
+    {
+      float* dxr = static_cast<float*>(dmalloc(hx.size() * 4));
+      cuda::fill_random(dxr, hx.size(), DType::F32, 77, 1.0f, g_st);
+      hx = download(dxr, hx.size());
+      cudaFree(dxr);
+    }
+    float* dx = static_cast<float*>(dmalloc(hx.size() * 4));
+    float* dy[4];
+    for (float*& p : dy) p = static_cast<float*>(dmalloc(static_cast<size_t>(16) * maxrows * 4));
+    bool failed = false;
+    std::printf("%-28s %3s %-7s %10s %7s %6s %8s\n", "matmul (int4 g64, tiled)", "M", "version", "time_us", "GB/s", "%copy",
+                "vs prod");
+    for (size_t ci = 0; ci < cases.size(); ci++) {
+      const Case& c = cases[ci];
+      Loaded l = load(c);
+      std::vector<float> xc(static_cast<size_t>(16) * c.cols);
+      for (int m = 0; m < 16; m++)
+        std::memcpy(xc.data() + static_cast<size_t>(m) * c.cols, hx.data() + static_cast<size_t>(m) * maxcols, c.cols * 4);
+      QF_CUDA_CHECK(cudaMemcpy(dx, xc.data(), xc.size() * 4, cudaMemcpyHostToDevice));
+      std::vector<CpuRef> refs;
+      for (const Mat& m : l.mats) refs.push_back(cpu_ref_q4(m.w[0], xc, 16));
+      std::vector<int> ok;
+      for (int v : versions) {
+        if (diagnostic(v)) {
+          ok.push_back(v);
+          continue;
+        }
+        const std::string err = check(v, c, l, dx, refs);
+        if (err.empty()) {
+          ok.push_back(v);
+        } else {
+          failed = true;
+          std::printf("FAIL %s %s: %s\n", kNames[v], c.name.c_str(), err.c_str());
+        }
+      }
+      std::printf("checked %-26s %zu of %zu versions pass (diagnostics not checked)\n", c.name.c_str(), ok.size(),
+                  versions.size());
+      if (ci < n_small) {
+        for (Mat& m : l.mats) free_mat(m);
+        continue;
+      }
+      size_t bytes = 0;
+      for (size_t i = 0; i < c.rows.size(); i++) bytes += cuda::gemv_tc_q4_bytes(c.rows[i], c.cols, 64);
+      const int nb = static_cast<int>(l.tiled[0].size());
+      for (int M : Ms) {
+        double t_prod = 0;
+        for (int v : ok) {
+          const double us = median_us([&](int i) {
+            const auto ws = group(l, i % nb);
+            run_version(v, ws.data(), dy, static_cast<int>(c.rows.size()), dx, static_cast<int>(c.cols), M);
+          });
+          if (v == 1) t_prod = us;
+          const double gbs = bytes / (us * 1e-6) / 1e9;
+          std::printf("%-28s %3d %-7s %10.1f %7.0f %5.1f%% %8s\n", c.name.c_str(), M, kNames[v], us, gbs,
+                      100.0 * gbs / ce.copy_gbs, t_prod > 0 ? cuda::fmt_str("%.3f", t_prod / us).c_str() : "-");
+        }
+      }
+      for (Mat& m : l.mats) free_mat(m);
+    }
+    cudaFree(dx);
+    for (float* p : dy) cudaFree(p);
+    std::printf("%s\n", failed ? "lab: a version FAILED its checks" : "lab: every checked version passed its checks");
+    return failed ? 1 : 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "qflash_lab_gemv_q4: %s\n", e.what());
+    return 1;
+  }
+}
