@@ -92,7 +92,7 @@ static void project1(Backend& be, bool prefill, const WeightRef& w, const float*
 }
 
 static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, int M, const AttnDims& ad,
-                            float eps, const LayerIO& io) {
+                            float eps, const LayerIO& io, const DumpHook* dump, const std::string& name) {
   const int nh = ad.n_heads, nkv = ad.n_kv_heads, hd = ad.head_dim;
   {
     const WeightRef* ws[3] = {&w.q, &w.k, &w.v};
@@ -119,22 +119,26 @@ static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, 
   else
     be.attention(s.q.f(), io.kcache, io.vcache, s.attn.f(), M, p, io.meta);
   be.sigmoid_mul(s.attn.f(), s.gate.f(), static_cast<size_t>(M) * nh * hd);
+  dump_rows(dump, name + ".attn.gated", s.attn.f(), static_cast<size_t>(M) * nh * hd);
   project1(be, io.prefill, w.o, s.attn.f(), s.o.f(), M);
 }
 
 static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, int M, const GdnDims& gd,
-                           float eps, const LayerIO& io) {
+                           float eps, const LayerIO& io, const DumpHook* dump, const std::string& name) {
   {
     const WeightRef* ws[4] = {&w.qkv, &w.z, &w.a, &w.b};
     float* ys[4] = {s.mixed.f(), s.z.f(), s.alpha.f(), s.beta.f()};
     project(be, io.prefill, ws, ys, 4, s.a.f(), M);
   }
+  dump_rows(dump, name + ".gdn.mixed", s.mixed.f(), static_cast<size_t>(M) * gd.conv_dim());
+  dump_rows(dump, name + ".gdn.z", s.z.f(), static_cast<size_t>(M) * gd.value_dim());
   if (io.prefill)
     be.gdn_chunked(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd, io.gdn_state,
                    s.y.f(), M);
   else
     be.gdn_rows(s.mixed.f(), s.alpha.f(), s.beta.f(), w.conv_w.f(), w.A_log.f(), w.dt_bias.f(), gd, io.gdn_state,
                 s.y.f(), M, io.capture);
+  dump_rows(dump, name + ".gdn.y", s.y.f(), static_cast<size_t>(M) * gd.value_dim());
   if (io.prefill) {  // the norm writes the out projection's bf16 input directly (the same bits)
     be.rmsnorm_gated_gemm(w.out, s.y.f(), s.z.f(), w.norm.ptr(), s.o.f(), M, gd.d_v, eps);
     return;
@@ -151,10 +155,11 @@ void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h
     be.add_rmsnorm(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps);
   else
     be.rmsnorm(h, w.in_norm.ptr(), s.a.f(), M, H, eps);
+  dump_rows(dump, name + ".mixer_in", s.a.f(), MH);
   if (w.full_attention)
-    gated_attention(be, w.attn, s, M, ad, eps, io);
+    gated_attention(be, w.attn, s, M, ad, eps, io, dump, name);
   else
-    gated_deltanet(be, w.gdn, s, M, gd, eps, io);
+    gated_deltanet(be, w.gdn, s, M, gd, eps, io, dump, name);
   dump_rows(dump, name + ".mixer_out", s.o.f(), MH);
   be.add_rmsnorm(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps);
   {

@@ -31,6 +31,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <map>
 
 #include "backend/backend.h"
@@ -147,6 +148,32 @@ class LongPromptParity : public ::testing::TestWithParam<std::tuple<std::string,
     r.last_logits = dl(m.logits(), m.config().vocab_size);
     r.logits = head(m, r.hidden);
     return r;
+  }
+  // Every dumped tensor's row of the prompt's last position (the prefill path in chunks of 512),
+  // on backend `be` (the test's own or another one, for cross-backend diagnosis).
+  std::map<std::string, std::vector<float>> last_row_dumps(Backend* be) const {
+    auto m = Qwen38Model::load(test::source_path("tests/fixtures/target/" + std::get<0>(GetParam())), be, 64);
+    m->set_kv_dtype(kv());
+    m->set_prefill_rows(512);
+    std::map<std::string, std::vector<float>> out;
+    auto st = m->new_state(T() + 8, 0);
+    for (int off = 0; off < T(); off += 512) {
+      const int n = std::min(512, T() - off);
+      const bool has_last = off + n == T();
+      DumpHook hook = [&](const std::string& name, const float* p, size_t count) {
+        if (!has_last || count % n != 0) return;
+        const size_t w = count / n;
+        auto& v = out[name];
+        v.resize(w);
+        be->download(v.data(), p + static_cast<size_t>(n - 1) * w, w * sizeof(float));
+      };
+      ForwardOpts fo;
+      fo.prefill = true;
+      fo.lm_head = has_last;
+      fo.logits_last_only = true;
+      m->forward(*st, tokens_.data() + off, n, fo, &hook);
+    }
+    return out;
   }
   // The prompt one token per forward through the decode ops.
   Rows decode(Qwen38Model& m) const {
@@ -299,6 +326,38 @@ TEST_P(LongPromptParity, PrefillLayerOutputsMatchTransformers) {
       const std::string k = "hidden." + std::to_string(l);
       close(row(r.dumps["layer." + std::to_string(l - 1) + ".out"]), row(ref_->f32("hidden_bf16in." + std::to_string(l))),
             prefill_tol(k), "last row: layer " + std::to_string(l - 1) + " out vs bf16in");
+    }
+    // On an accelerator: the same last row on the CPU backend, tensor by tensor in the order the
+    // layers make them (mixer_in: the projections' input, which the prefill GEMM rounds to bf16;
+    // gdn.mixed / gdn.z: projection outputs; gdn.y: the delta rule's output; attn.gated; the
+    // mixer's output; the layer's output). "bf16 flips" counts the elements whose bf16 rounding
+    // differs between the backends: in a projection input such a flip moves the projection by
+    // 2^-8 of that element, the suspect of the micro_kvf32_cuda case (docs/DESIGN.md, "Parity at length").
+    if (std::get<1>(GetParam()) != "cpu") {
+      std::string why;
+      auto cpu = test::make_test_backend("cpu", &why);
+      ASSERT_TRUE(cpu) << why;
+      const auto mine = last_row_dumps(be_.get()), ref = last_row_dumps(cpu.get());
+      auto bf16_bits = [](float f) {
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+      };
+      for (int l = 0; l < L; l++)
+        for (const char* part : {"mixer_in", "gdn.mixed", "gdn.z", "gdn.y", "attn.gated", "mixer_out", "out"}) {
+          const std::string k = "layer." + std::to_string(l) + "." + part;
+          const auto a = mine.find(k), b = ref.find(k);
+          if (a == mine.end() || b == ref.end() || a->second.size() != b->second.size()) continue;
+          double mx = 0, err = 0;
+          int flips = 0;
+          for (size_t i = 0; i < b->second.size(); i++) {
+            mx = std::max(mx, std::fabs(static_cast<double>(b->second[i])));
+            err = std::max(err, std::fabs(static_cast<double>(a->second[i]) - b->second[i]));
+            flips += bf16_bits(a->second[i]) != bf16_bits(b->second[i]);
+          }
+          std::printf("[xb] last row %-22s %s vs cpu: max|diff|/max|cpu| %.3g, bf16 flips %d of %zu\n", k.c_str(),
+                      std::get<1>(GetParam()).c_str(), mx > 0 ? err / mx : err, flips, b->second.size());
+        }
     }
   }
 }
