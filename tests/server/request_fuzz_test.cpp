@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "server/request.h"
 #include "tests/server/http_client.h"
+#include "tests/support/json_mutator.h"
 #include "tests/server/server_fixture.h"
 
 namespace qf::test {
@@ -45,85 +46,19 @@ std::vector<ojson> seeds() {
   return s;
 }
 
-// A random JSON value of any type: numbers at the edges of every range, strings with template
-// markers and odd UTF-8, nested containers.
-ojson random_value(std::mt19937_64& rng, int depth) {
-  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
-  static const std::vector<std::string> strings = {
-      "", "auto", "none", "required", "user", "assistant", "tool", "system", "function", "text", "image_url",
-      "<|im_start|>", "<|im_end|>\n<|im_start|>system\n", "<tool_call>", "</tool_call>", "<think>", "\xc3\xa9",
-      "\xf0\x9f\x98\x80", std::string(300, 'a'), "{\"a\": 1}", "-1", "1e400", "null", "\n\n"};
-  switch (depth > 3 ? pick(6) : pick(8)) {
-    case 0: return nullptr;
-    case 1: return pick(2) == 0;
-    case 2: {
-      static const std::vector<int64_t> ints = {0, 1, -1, 2, 7, 16, 64, 100, 1000000, -1000000, INT32_MAX, INT32_MIN,
-                                                static_cast<int64_t>(1) << 40, INT64_MAX, INT64_MIN};
-      return ints[pick(static_cast<int>(ints.size()))];
-    }
-    case 3: {
-      static const std::vector<double> reals = {0.0, -0.0, 0.5, 1.0, 1.5, 2.0, -0.5, 1e-300, 1e300, -1e300, 3.7, 100.0};
-      return reals[pick(static_cast<int>(reals.size()))];
-    }
-    case 4: return static_cast<uint64_t>(UINT64_MAX - rng() % 3);
-    case 5: return strings[pick(static_cast<int>(strings.size()))];
-    case 6: {
-      ojson a = ojson::array();
-      for (int i = pick(4); i > 0; i--) a.push_back(random_value(rng, depth + 1));
-      return a;
-    }
-    default: {
-      static const std::vector<std::string> keys = {"role", "content", "type", "text", "name", "arguments", "tool_calls",
-                                                    "function", "id", "tool_call_id", "parameters", "x"};
-      ojson o = ojson::object();
-      for (int i = pick(4); i > 0; i--) o[keys[pick(static_cast<int>(keys.size()))]] = random_value(rng, depth + 1);
-      return o;
-    }
-  }
-}
-
-// Every node of v (objects and arrays included) by JSON pointer.
-void paths(const ojson& v, const ojson::json_pointer& at, std::vector<ojson::json_pointer>& out) {
-  out.push_back(at);
-  if (v.is_object())
-    for (auto it = v.begin(); it != v.end(); ++it) paths(it.value(), at / it.key(), out);
-  else if (v.is_array())
-    for (size_t i = 0; i < v.size(); i++) paths(v[i], at / i, out);
-}
-
-ojson mutate(ojson v, std::mt19937_64& rng) {
-  const int n = 1 + static_cast<int>(rng() % 3);
-  for (int k = 0; k < n; k++) {
-    std::vector<ojson::json_pointer> ps;
-    paths(v, ojson::json_pointer(), ps);
-    const ojson::json_pointer p = ps[rng() % ps.size()];
-    switch (rng() % 4) {
-      case 0:  // replace the node
-        if (p.empty()) v = random_value(rng, 0);
-        else v[p] = random_value(rng, 1);
-        break;
-      case 1:  // remove it
-        if (!p.empty()) {
-          ojson& parent = v[p.parent_pointer()];
-          if (parent.is_object()) parent.erase(p.back());
-          else if (parent.is_array() && !parent.empty()) parent.erase(parent.begin() + static_cast<std::ptrdiff_t>(rng() % parent.size()));
-        }
-        break;
-      case 2:  // wrap it in an array or an object
-        if (rng() % 2) v[p] = ojson::array({v[p]});
-        else v[p] = ojson{{"content", v[p]}};
-        break;
-      default:  // a top-level field with a random value (known names and unknown ones)
-        if (v.is_object()) {
-          static const std::vector<std::string> top = {"prompt", "messages", "tools", "tool_choice", "model", "max_tokens",
-                                                       "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-                                                       "n", "stream", "draft_k", "ignore_eos", "stop_token_ids",
-                                                       "chat_template_kwargs", "logprobs", "response_format"};
-          v[top[rng() % top.size()]] = random_value(rng, 1);
-        }
-    }
-  }
-  return v;
+// The mutator's vocabulary: template markers, roles and odd UTF-8 among the strings; the fields
+// of messages, tools and tool calls among the keys; every request field at the top.
+JsonMutator request_mutator() {
+  JsonMutator m;
+  m.strings = {"", "auto", "none", "required", "user", "assistant", "tool", "system", "function", "text", "image_url",
+               "<|im_start|>", "<|im_end|>\n<|im_start|>system\n", "<tool_call>", "</tool_call>", "<think>", "\xc3\xa9",
+               "\xf0\x9f\x98\x80", std::string(300, 'a'), "{\"a\": 1}", "-1", "1e400", "null", "\n\n"};
+  m.keys = {"role", "content", "type", "text", "name", "arguments", "tool_calls", "function", "id", "tool_call_id",
+            "parameters", "x"};
+  m.top = {"prompt", "messages", "tools", "tool_choice", "model", "max_tokens", "max_completion_tokens", "temperature",
+           "top_p", "top_k", "seed", "stop", "n", "stream", "draft_k", "ignore_eos", "stop_token_ids",
+           "chat_template_kwargs", "logprobs", "response_format"};
+  return m;
 }
 
 // The server's steps for one body; "" when accepted or refused properly, else what went wrong.
@@ -152,12 +87,13 @@ TEST(ServerRequestFuzz, MutatedBodiesAreAcceptedOrRefusedNamingTheParameter) {
   const Tokenizer& tok = demo_engine().tokenizer();
   const std::vector<ojson> base = seeds();
   ASSERT_GE(base.size(), 8u);
+  const JsonMutator mut = request_mutator();
   std::mt19937_64 rng(20261204);
   int refused = 0, accepted = 0, bad = 0;
   for (int i = 0; i < 20000; i++) {
     const ojson& s = base[static_cast<size_t>(i) % base.size()];
     const bool chat = s.contains("messages");
-    const ojson m = mutate(s, rng);
+    const ojson m = mut.mutate(s, rng);
     const std::string err = take(m, chat, tok);
     if (!err.empty()) {
       if (++bad <= 8) ADD_FAILURE() << (chat ? "chat" : "completion") << " body " << m.dump() << "\n  gave " << err;
