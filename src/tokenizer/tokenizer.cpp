@@ -265,9 +265,28 @@ Tokenizer Tokenizer::from_json(const std::string& json_text, const std::string& 
 
   // Id tables over the union of vocab and added tokens; an added token overrides the vocab
   // entry with the same id (its content is what the file means by that id).
-  int32_t n = 0;
-  for (const auto& [tok, id] : impl->bpe->vocab()) n = std::max(n, id + 1);
-  for (const AddedToken& t : added) n = std::max(n, t.id + 1);
+  // The tables are sized by the largest id, so ids are bounded (a hostile or corrupt file must
+  // not make a 2^31-entry table): at most kMaxTokenId, and at most kMaxIdGaps unused ids below
+  // the largest (real vocabularies are dense: Qwen3's 151,669 ids leave none).
+  constexpr int64_t kMaxTokenId = (int64_t(1) << 24) - 1, kMaxIdGaps = 65536;
+  int64_t n64 = 0;
+  for (const auto& [tok, id] : impl->bpe->vocab()) {
+    if (id > kMaxTokenId)
+      field_error(c, "model.vocab[\"" + tok + "\"]", "expected an id of at most " + std::to_string(kMaxTokenId) +
+                                                      ", found " + std::to_string(id));
+    n64 = std::max<int64_t>(n64, int64_t(id) + 1);
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    if (added[i].id > kMaxTokenId)
+      field_error(c, "added_tokens[" + std::to_string(i) + "].id",
+                  "expected an id of at most " + std::to_string(kMaxTokenId) + ", found " + std::to_string(added[i].id));
+    n64 = std::max<int64_t>(n64, int64_t(added[i].id) + 1);
+  }
+  const int64_t entries = static_cast<int64_t>(impl->bpe->vocab().size() + added.size());
+  if (n64 > entries + kMaxIdGaps)
+    field_error(c, "model.vocab", "ids up to " + std::to_string(n64 - 1) + " for " + std::to_string(entries) +
+                                      " tokens (at most " + std::to_string(kMaxIdGaps) + " unused ids are allowed)");
+  const int32_t n = static_cast<int32_t>(n64);
   impl->token_str.assign(n, std::string());
   impl->flags.assign(n, 0);
   for (const auto& [tok, id] : impl->bpe->vocab()) {

@@ -112,6 +112,28 @@ TEST_F(TokenizerErrors, MergeWithUnknownToken) {
   EXPECT_NE(msg.find("\"ca\""), std::string::npos) << msg;
 }
 
+// Ids size the id tables, so a huge id is refused by name instead of allocating (or overflowing:
+// an added token with id 2^31 - 1 crashed the loader before the bound; found by TokenizerFuzz).
+TEST_F(TokenizerErrors, HugeOrSparseIdsAreRefused) {
+  json j = minimal_tokenizer({"a b"});
+  j["added_tokens"][0]["id"] = 2147483647;
+  std::string msg = load_error(write("a.json", j.dump()));
+  EXPECT_NE(msg.find("added_tokens[0].id"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("2147483647"), std::string::npos) << msg;
+  j = minimal_tokenizer({"a b"});
+  j["model"]["vocab"]["abc"] = 1 << 28;
+  msg = load_error(write("v.json", j.dump()));
+  EXPECT_NE(msg.find("model.vocab[\"abc\"]"), std::string::npos) << msg;
+  // Below the id bound but with more than 65,536 unused ids under the largest one.
+  j = minimal_tokenizer({"a b"});
+  j["added_tokens"][0]["id"] = 300000;
+  msg = load_error(write("g.json", j.dump()));
+  EXPECT_NE(msg.find("unused ids"), std::string::npos) << msg;
+  // A few gaps are fine (the minimal tokenizer's added id 300 leaves 40 unused).
+  j = minimal_tokenizer({"a b"});
+  EXPECT_NO_THROW(qf::Tokenizer::load(write("ok.json", j.dump())));
+}
+
 TEST_F(TokenizerErrors, MalformedMergeEntries) {
   json j = minimal_tokenizer({"ab"});
   EXPECT_NE(load_error(write("m.json", j.dump())).find("model.merges[0]"), std::string::npos);
