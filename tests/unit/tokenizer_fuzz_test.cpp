@@ -5,6 +5,7 @@
 // qf::Error). Never a crash, another exception type or an allocation sized by a hostile number.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
@@ -95,6 +96,47 @@ TEST(TokenizerFuzz, MutatedTokenizerJsonLoadsAndWorksOrNamesTheFile) {
   EXPECT_EQ(bad, 0);
   EXPECT_GT(loaded, 1000);
   EXPECT_GT(refused, 1000);
+}
+
+// Text a client sends: random byte strings (invalid UTF-8, control bytes, markers, long runs of
+// one character, mixed scripts) through the real Qwen3 tokenizer and the demo pair's. Every id
+// is in range, decoding gives bytes back, ASCII text round-trips exactly (it is NFC already),
+// user text with parse_special=false never yields a special token, and a 64 KB string encodes in
+// well under a second (no regex blow-up).
+TEST(TokenizerFuzz, RandomTextEncodesDecodesAndStaysPlain) {
+  const std::vector<Tokenizer> toks = {Tokenizer::load(QFLASH_QWEN3_TOKENIZER_DIR),
+                                       Tokenizer::load(std::string(QFLASH_SOURCE_DIR) + "/models/demo")};
+  const std::vector<std::string> parts = {"<|im_start|>", "<|im_end|>", "<think>", "<tool_call>", "<|endoftext|>",
+                                          " ", "\n", "\t", "\r\n", "def ", "x = 1", "\xc3\xa9", "\xe4\xb8\xad",
+                                          "\xf0\x9f\x98\x80", "\xff", "\xc3", "\xed\xa0\x80", "\0", "'s", "123456",
+                                          "....", "\xcc\x81"};
+  std::mt19937_64 rng(7);
+  for (const Tokenizer& t : toks) {
+    for (int i = 0; i < 1500; i++) {
+      std::string s;
+      const bool ascii = i % 3 == 0;
+      for (int k = static_cast<int>(rng() % 40); k > 0; k--) {
+        if (ascii) s += static_cast<char>(32 + rng() % 95);
+        else if (rng() % 2) s += parts[rng() % parts.size()];
+        else s += static_cast<char>(rng());
+      }
+      const std::vector<int32_t> ids = t.encode(s, /*parse_special=*/false);
+      for (int32_t id : ids) {
+        ASSERT_TRUE(id >= 0 && id < t.vocab_size()) << "id " << id;
+        ASSERT_FALSE(t.is_special(id)) << "user text became special token " << id;
+      }
+      const std::string back = t.decode(ids);
+      if (ascii) ASSERT_EQ(back, s);
+    }
+    std::string big;
+    while (big.size() < 65536) big += static_cast<char>(rng() % 3 == 0 ? ' ' : 'a' + rng() % 3);
+    big += std::string(8192, '!') + std::string(8192, ' ');
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<int32_t> ids = t.encode(big, false);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(t.decode(ids), big);
+    EXPECT_LT(secs, 2.0) << "encoding 80 KB took " << secs << " s";
+  }
 }
 
 }  // namespace
