@@ -40,7 +40,8 @@
 #             bench at context 64 and 8k with forced 0 and forced 4 accepted, each fixed-k run followed
 #             by the same with the depth controller (targets: forced 0: auto >= 0.97x plain; forced 4
 #             of 7: auto within 3% of k = 7, column 'vs fixed'), then the demo pair at real acceptance
-#   adaptivedemo (not default) the demo pair only (~2 min): code prompts, prose prompts, MTP k 2/3/4
+#   adaptivedemo (not default) the demo pair only (~4 min): code prompts (greedy and T = 0.8),
+#             prose prompts, MTP k 2/3/4
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
 # the files it brings back. All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
@@ -207,6 +208,10 @@ want_demo && ! want adaptive && step adaptivedemo 120 plain "$BIN/qflash" bench 
 want_demo && step adaptiveprose 60 plain "$BIN/qflash" bench --device cuda \
   --prompts tests/fixtures/prompts/prose.jsonl --n-prompts 8 --gen 128 --adaptive \
   --json "$LOG/adaptive_prose.json"
+# Sampled (issue 15's T = 0.8 case): the same code prompts, prompt i seeded 1 + i in every run.
+want_demo && step adaptivet08 120 plain "$BIN/qflash" bench --device cuda \
+  --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
+  --temperature 0.8 --seed 1 --json "$LOG/adaptive_demo_t08.json"
 for mk in 2 4; do
   want_demo && step adaptivemtp$mk 60 plain "$BIN/qflash" bench --device cuda --mtp-k $mk \
     --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
