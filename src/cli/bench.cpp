@@ -86,6 +86,10 @@ std::vector<int> parse_list(const std::string& s) {
 nlohmann::json bench_prefix_reuse(Qwen38Model& target, DraftSource* src, const BenchArgs& a);
 
 namespace {
+// Whether the end-to-end runs use forced acceptance: no prompts to read (none given, or a
+// synthetic model without a tokenizer) and no --real.
+bool bench_forced(const BenchArgs& a) { return (a.prompts.empty() || !a.synthetic.empty()) && !a.real; }
+
 // A bench-only integer in [lo, hi]; `note` follows the range in the message.
 void check_bench_int(const char* name, int64_t v, int64_t lo, int64_t hi, const char* note) {
   if (v < lo || v > hi)
@@ -107,7 +111,16 @@ void validate_bench_args(const BenchArgs& a) {
   GenerationOptions g;
   g.max_tokens = a.gen;
   g.draft_k = a.mtp_k;
+  g.temperature = a.temperature;
+  g.seed = a.seed;
   validate_generation_options(g);
+  // Forced acceptance (random prompt or synthetic model, no --real) replaces the verdicts, which
+  // only greedy decoding allows (Generator::begin): say so before anything loads.
+  if (a.temperature > 0 && bench_forced(a))
+    fail_option("temperature",
+                "0 with forced acceptance (sampling needs real acceptance: --prompts with a model that has a "
+                "tokenizer, or --real)",
+                strf("%g", a.temperature));
   check_bench_int("prompt_len", a.prompt_len, 1, a.max_context - 1, " (below max_context)");
   if (a.reps < 1) fail_option("reps", "an integer >= 1", std::to_string(a.reps));
   if (a.n_prompts < 1) fail_option("n_prompts", "an integer >= 1", std::to_string(a.n_prompts));
@@ -148,6 +161,8 @@ int cmd_bench(const BenchArgs& a) {
     GenerationOptions g;
     g.max_tokens = a.gen;
     g.draft_k = a.mtp_k;
+    g.temperature = a.temperature;
+    g.seed = a.seed;
     validate_generation_options(g, {mtp->name(), std::min(mtp->max_k(), max_rows - 1), c.vocab_size, a.max_context});
   }
   std::string drafter = a.drafter;
@@ -168,6 +183,8 @@ int cmd_bench(const BenchArgs& a) {
   out["weights"] = a.weights;
   if (a.weights == "int4") out["lm_head"] = a.lm_head;
   out["target_weight_bytes"] = target_bytes;
+  out["temperature"] = a.temperature;
+  out["seed"] = a.seed;
   if (a.prefix_turn2 > 0) {
     out["prefix_reuse"] = bench_prefix_reuse(*target, dfl ? dfl.get() : mtp.get(), a);
     if (!a.json.empty()) write_file_atomic(a.json, out.dump(2) + "\n");
@@ -319,6 +336,8 @@ int cmd_bench(const BenchArgs& a) {
   };
   std::vector<Cfg> cfgs = {{"plain", nullptr, -1, false}};
   const bool forced = prompts.empty() && !a.real;
+  if (forced && a.temperature > 0)  // validate_bench_args rules this out unless the prompt file was empty
+    fail_option("temperature", "0 with forced acceptance (--prompts gave no prompt)", strf("%g", a.temperature));
   for (DraftSource* s : {mtp.get(), dfl.get()}) {
     if (!s) continue;
     std::vector<int> forces = {-1};
@@ -343,9 +362,11 @@ int cmd_bench(const BenchArgs& a) {
     if (cf.src == mtp.get()) go.draft_k = static_cast<int>(a.mtp_k);
     if (cf.auto_k) go.draft_k = kDraftKAuto;
     std::vector<GenStats> all;
+    go.sampling.temperature = static_cast<float>(a.temperature);
     const auto& ps = prompts.empty() ? std::vector<std::vector<int32_t>>{prompt} : prompts;
-    for (const auto& p : ps) {
-      all.push_back(g.generate(p, go, nullptr));
+    for (size_t i = 0; i < ps.size(); i++) {
+      go.sampling.seed = a.seed + i;  // prompt i draws from the same seed in every run
+      all.push_back(g.generate(ps[i], go, nullptr));
     }
     double toks = 0, ms = 0, tau_sum = 0, draft = 0, verify = 0, acc = 0, ttft = 0;
     std::vector<int64_t> k_rounds(all[0].k_rounds.size(), 0);
@@ -395,7 +416,10 @@ int cmd_bench(const BenchArgs& a) {
   }();
 
   // ---- report ----
-  std::printf("qflash bench: %s on %s (copy ceiling %.0f GB/s)\n", target->origin().c_str(), be->name().c_str(), ceiling);
+  std::printf("qflash bench: %s on %s (copy ceiling %.0f GB/s)", target->origin().c_str(), be->name().c_str(), ceiling);
+  if (a.temperature > 0) std::printf(", sampled at temperature %g, seed %llu + prompt index", a.temperature,
+                                     (unsigned long long)a.seed);
+  std::printf("\n");
   const auto& ops = out["ops"];
   std::printf("prefill %d tokens %.1f ms (%.0f tokens/s, chunks of %lld rows)\n", a.prompt_len,
               ops["prefill_ms"].get<double>(), ops["prefill_tokens_per_second"].get<double>(),
@@ -436,6 +460,12 @@ void add_bench_options(CLI::App* c, BenchArgs& a) {
   c->add_option("--reps", a.reps, "repetitions of each op timing (median)");
   c->add_option("--force-accept", a.force_accept, "comma list of forced accept counts (random models)");
   c->add_option("--mtp-k", a.mtp_k, "MTP drafts per round");
+  c->add_option("--temperature", a.temperature,
+                "sample the end-to-end runs at this temperature (0 = greedy, default; needs --prompts or --real)");
+  // As text, as `qflash run` takes it: a negative or oversized seed gets the shared message.
+  c->add_option_function<std::string>(
+      "--seed", [&a](const std::string& s) { a.seed = parse_seed(s); },
+      "random seed for sampling (prompt i uses seed + i)");
   c->add_option("--prompts", a.prompts, "JSONL/text file of prompts: real acceptance");
   c->add_option("--n-prompts", a.n_prompts, "use the first N prompts");
   c->add_flag("--profile", a.profile, "time every kernel of a decode step, an 8-row verify and a draft pass (no graphs)");

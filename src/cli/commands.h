@@ -42,6 +42,11 @@ struct BenchArgs {
   // --prefix-turn2 N > 0: time a second turn of N new tokens with and without prefix reuse
   // (bench_prefix.cpp) instead of the op and decode timings.
   int64_t prefix_turn2 = 0, prefix_cache_mb = kDefaultPrefixCacheMb;
+  // Sampling of the end-to-end runs (validated as temperature and seed): 0 = greedy. Prompt i of
+  // a run is sampled with seed + i, the same in every run, so plain, fixed k and auto see the same
+  // draws' seeds. T > 0 needs real acceptance (--prompts or --real): forcing is greedy-only.
+  double temperature = 0.0;
+  uint64_t seed = 0;
   bool real = false, mtp = true, profile = false, ops_only = false, adaptive = false;
 };
 void add_bench_options(CLI::App* cmd, BenchArgs& a);

@@ -21,7 +21,7 @@ void DepthController::Costs::add(double ms, int window) {
 
 DepthController::DepthController(int max_k, const Params& p)
     : max_k_(max_k), p_(p), accept_(max_k + 1), cost_(max_k + 1), wait_(p.probe_first) {
-  QF_CHECK(max_k >= 0 && p.accept_window >= 1 && p.cost_window >= 1 && p.probe_first >= 1 &&
+  QF_CHECK(max_k >= 0 && p.accept_window >= 1 && p.cost_window >= 1 && p.cost_warmup >= 0 && p.probe_first >= 1 &&
                p.probe_max >= p.probe_first,
            "depth controller: max_k %d, windows %d/%d, probes %d..%d", max_k, p.accept_window, p.cost_window,
            p.probe_first, p.probe_max);
@@ -92,7 +92,18 @@ void DepthController::new_request() {
 void DepthController::record(int k, int accepted, double cost_ms) {
   QF_CHECK(k >= 0 && k <= max_k_ && accepted >= 0 && accepted <= k, "depth controller: round k %d, accepted %d",
            k, accepted);
-  cost_[k].add(std::max(cost_ms, 1e-9), p_.cost_window);
+  Costs& c = cost_[k];
+  const double ms = std::max(cost_ms, 1e-9);
+  if (++c.seen > p_.cost_warmup) {
+    if (k > 0 && plain_run_ > 0 && cost_measured(k) && cost_measured(0)) {
+      // This round ran the rows the last plain steps deferred (catch-up): what it cost beyond
+      // the depth's own cost is theirs, charged per plain step to rate(0), and the depth's
+      // window keeps rounds without it (a fixed k never pays it).
+      deferred_.add((ms - c.median) / plain_run_, p_.cost_window);
+    } else {
+      c.add(ms, p_.cost_window);
+    }
+  }
   if (k == 0) {
     plain_run_++;
     return;

@@ -18,6 +18,7 @@
 // Decisions are a pure function of the recorded (k, accepted, cost) triples: with the costs
 // injected (GenerateOptions::round_cost) a run's k sequence is reproducible.
 #pragma once
+#include <algorithm>
 #include <vector>
 
 namespace qf {
@@ -30,6 +31,11 @@ class DepthController {
     // that a change of text (or of forced acceptance) is followed within ~10 rounds.
     int accept_window = 4;
     int cost_window = 8;        // rounds of one depth whose median is its cost
+    // The first rounds of each depth are its warm-up and are not costed: on a GPU a depth's
+    // first round runs its ops directly and its second records their CUDA graphs, each several
+    // times a replayed round on a small model (graph_runner.h); a depth still warming up is
+    // priced from its measured neighbours.
+    int cost_warmup = 2;
     int probe_first = 4;        // plain steps before the first probe
     int probe_max = 64;         // longest wait between probes (~1% of plain speed at 27B, see DESIGN)
   };
@@ -51,9 +57,14 @@ class DepthController {
   int max_k() const { return max_k_; }
   double accept_estimate(int i) const { return accept_[i].value; }  // p_i, i in 1..max_k
   bool cost_measured(int k) const { return !cost_[k].recent.empty(); }
+  // What a plain step leaves for later (the source's deferred rows, run by the next drafting
+  // round's catch-up), per plain step, in ms: rate(0) charges it (docs/DESIGN.md).
+  double deferred_cost() const { return deferred_.value; }
   double cost_estimate(int k) const;                                 // measured or interpolated
   double expected_accepted(int k) const;                             // E[k]
-  double rate(int k) const { return (expected_accepted(k) + 1.0) / cost_estimate(k); }
+  double rate(int k) const {
+    return (expected_accepted(k) + 1.0) / (cost_estimate(k) + (k == 0 ? std::max(deferred_.value, 0.0) : 0.0));
+  }
   bool probing() const { return probing_; }  // the last choose() was a probe
   int probe_wait() const { return wait_; }
 
@@ -64,6 +75,7 @@ class DepthController {
     void add(double x, int window);
   };
   struct Costs {
+    int seen = 0;                // rounds of this depth so far, warm-up included
     std::vector<double> recent;  // [<= window] the last rounds' costs, oldest first
     double median = 0;           // their lower median
     void add(double ms, int window);
@@ -75,6 +87,7 @@ class DepthController {
   Params p_;
   std::vector<Mean> accept_;  // [max_k+1]: index i = draft position i (index 0 unused)
   std::vector<Costs> cost_;   // [max_k+1]: index k = round depth
+  Mean deferred_;              // deferred cost per plain step (an EWMA over drafting rounds after plain steps)
   int plain_run_ = 0;         // plain steps since the last drafting round
   int wait_;                  // plain steps before the next probe
   bool probing_ = false;

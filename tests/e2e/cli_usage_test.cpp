@@ -64,6 +64,9 @@ TEST(CliUsage, EveryUsageErrorExitsTwo) {
       {"quantize --out b", "model"},                          // missing required flag
       {"bench --mtp-k 0", "draft_k: expected"},
       {"bench --force-accept 1,x", "force_accept: expected"},
+      {"bench --temperature 0.8", "temperature: expected 0 with forced acceptance"},
+      {"bench --prompts p.jsonl --temperature -1", "temperature: expected a number in [0, 100] (0 = greedy), found -1"},
+      {"bench --seed 18446744073709551616", "seed: expected an integer in [0, 18446744073709551615]"},
   };
   for (const Case& c : cases) {
     const Result r = run(qflash() + " " + c.args);

@@ -115,6 +115,9 @@ TEST(Options, BadGenerationValuesGetOneMessageThroughEveryFrontEnd) {
     SCOPED_TRACE(c.flag + " " + c.text);
     EXPECT_EQ(cli_error({"run", "--prompt", "x", c.flag, c.text}), c.want);
     EXPECT_EQ(cli_error({"chat", c.flag, c.text}), c.want);
+    // qflash bench samples too (with real acceptance: --prompts).
+    if (c.flag == "--temperature" || c.flag == "--seed")
+      EXPECT_EQ(cli_error({"bench", "--prompts", "p.jsonl", c.flag, c.text}), c.want);
     if (c.body_value) {
       EXPECT_EQ(server_request_error(json{{"prompt", "x"}, {c.body_key, *c.body_value}}), c.want);
     }
@@ -194,6 +197,33 @@ TEST(Options, GoodValuesPassEveryFrontEnd) {
   req.draft_k = 16;
   EXPECT_TRUE(qflash::validate(req));
   EXPECT_TRUE(qflash::validate(qflash::LoadOptions{}));
+}
+
+// qflash bench --temperature / --seed: parsed into BenchArgs, checked by the shared validator,
+// and refused with forced acceptance (which replaces the verdicts: greedy only).
+TEST(Options, BenchTakesATemperatureAndASeed) {
+  {
+    cli::CommandLine cl;
+    cli::parse_command_line(cl, {"bench", "--prompts", "p.jsonl", "--temperature", "0.8", "--seed", "18446744073709551615"});
+    EXPECT_DOUBLE_EQ(cl.bench.temperature, 0.8);
+    EXPECT_EQ(cl.bench.seed, 18446744073709551615ULL);
+  }
+  {
+    cli::CommandLine cl;
+    cli::parse_command_line(cl, {"bench"});
+    EXPECT_EQ(cl.bench.temperature, 0.0);  // greedy unless asked
+    EXPECT_EQ(cl.bench.seed, 0u);
+  }
+  EXPECT_EQ(cli_error({"bench", "--synthetic", "c.json", "--real", "--temperature", "1"}), "");
+  const std::string forced =
+      "temperature: expected 0 with forced acceptance (sampling needs real acceptance: --prompts with a model that "
+      "has a tokenizer, or --real), found ";
+  EXPECT_EQ(cli_error({"bench", "--temperature", "0.8"}), forced + "0.8");
+  EXPECT_EQ(cli_error({"bench", "--synthetic", "c.json", "--prompts", "p.jsonl", "--temperature", "0.5"}), forced + "0.5");
+  EXPECT_EQ(cli_error({"bench", "--prompts", "p.jsonl", "--temperature", "101"}),
+            "temperature: expected a number in [0, 100] (0 = greedy), found 101");
+  EXPECT_EQ(cli_error({"bench", "--seed", "-3"}), "seed: expected an integer in [0, 18446744073709551615], found -3");
+  EXPECT_EQ(cli_error({"bench", "--prompts", "p.jsonl", "--temperature", "abc"}).rfind("CLI11 rejected it: ", 0), 0u);
 }
 
 // What only a request body can get wrong: types. The message keeps the validator's range.

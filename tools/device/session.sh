@@ -42,6 +42,8 @@
 #             bench at context 64 and 8k with forced 0 and forced 4 accepted, each fixed-k run followed
 #             by the same with the depth controller (targets: forced 0: auto >= 0.97x plain; forced 4
 #             of 7: auto within 3% of k = 7, column 'vs fixed'), then the demo pair at real acceptance
+#   adaptivedemo (not default) the demo pair only (~4 min): code prompts (greedy and T = 0.8),
+#             prose prompts, MTP k 2/3/4
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
 # the files it brings back. All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
@@ -201,6 +203,25 @@ want adaptive && step adaptive8k 200 plain "$BIN/qflash" bench --device cuda \
 want adaptive && step adaptivedemo 120 plain "$BIN/qflash" bench --device cuda \
   --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
   --json "$LOG/adaptive_demo.json"
+# The demo pair on prose (tests/fixtures/prompts/prose.jsonl: low acceptance, auto must not lose
+# to plain), and MTP at k = 2 and 4 beside the default 3 (the best fixed MTP depth on the demo
+# pair is not known to be 3). Step adaptivedemo alone: STEPS="adaptivedemo" runs these three too.
+want_demo() { want adaptive || want adaptivedemo; }
+want_demo && ! want adaptive && step adaptivedemo 120 plain "$BIN/qflash" bench --device cuda \
+  --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
+  --json "$LOG/adaptive_demo.json"
+want_demo && step adaptiveprose 60 plain "$BIN/qflash" bench --device cuda \
+  --prompts tests/fixtures/prompts/prose.jsonl --n-prompts 8 --gen 128 --adaptive \
+  --json "$LOG/adaptive_prose.json"
+# Sampled (issue 15's T = 0.8 case): the same code prompts, prompt i seeded 1 + i in every run.
+want_demo && step adaptivet08 120 plain "$BIN/qflash" bench --device cuda \
+  --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
+  --temperature 0.8 --seed 1 --json "$LOG/adaptive_demo_t08.json"
+for mk in 2 4; do
+  want_demo && step adaptivemtp$mk 60 plain "$BIN/qflash" bench --device cuda --mtp-k $mk \
+    --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
+    --json "$LOG/adaptive_mtp$mk.json"
+done
 # Prefill kernels and long prompts (issue 12): the chunked-GDN kernels v2 against v1 (bit
 # identity and time on the 27B shapes), HF parity of the prefill on 2,100-token prompts.
 want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
@@ -281,7 +302,7 @@ for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/$(basename "$j" .js
 tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
 for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/bench27q4s.log "$LOG"/bench27q4l.log \
-         "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/gemv.log "$LOG"/sweep.log \
+         "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/adaptiveprose.log "$LOG"/adaptivemtp2.log "$LOG"/adaptivemtp4.log "$LOG"/adaptivet08.log "$LOG"/gemv.log "$LOG"/sweep.log \
          "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/lab_q4.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
          "$LOG"/prefill32k.log "$LOG"/prefill128k.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
