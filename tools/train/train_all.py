@@ -106,6 +106,12 @@ def parse_args(argv=None):
     g.add_argument("--drafter-gamma", type=float, default=4.0)
     g.add_argument("--drafter-alpha", type=float, default=1.0, help="selector loss weight")
     g.add_argument("--eval-walk", type=int, default=512, help="held-out sequences for the greedy-walk tau")
+
+    g = p.add_argument_group("package")
+    g.add_argument("--prompt-rule", default="auto", choices=("auto", "docfunc", "heads"),
+                   help="validation prompts: docfunc = a held-out function's signature + docstring "
+                        "(stage_package.docfunc_prompts), heads = file heads then def/class lines (the first "
+                        "pair's rule); auto = docfunc for a --corpus-dir corpus, heads for the stdlib one")
     args = p.parse_args(argv)
     if args.smoke:
         apply_smoke(args, p)
