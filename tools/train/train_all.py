@@ -75,6 +75,9 @@ def parse_args(argv=None):
     g.add_argument("--target-ckpt-every", type=int, default=500,
                    help="write target/ckpt.pt (weights, optimizer, RNG, curve) every N steps and at the guard; "
                         "a re-run resumes from it")
+    g.add_argument("--target-compile", "--compile", dest="target_compile", action="store_true",
+                   help="torch.compile the target's training forward (works in the CPU smoke run; not yet "
+                        "measured on the GPU)")
     g.add_argument("--target-eval-every", type=int, default=100,
                    help="validation perplexity every N steps; the best checkpoint is kept (0: off, keep last)")
 
