@@ -9,6 +9,8 @@
 #   here:    bash tools/train/remote_v2.sh unpack FILES_AT   -> out/run_carry/ (the run, small enough to carry)
 #   call 2:  bash tools/train/remote_v2.sh train gen,drafter,package [flags]   carry ["out/run_carry"]
 #   here:    bash tools/train/remote_v2.sh install FILES_AT  -> models/demo/
+#   v3: `pack` also copies data/fla/*.whl (fla-core, einops) to data/carry/wheels/; `train` installs
+#   them and keeps them only if tools/train/gdn_check.py passes (GDN=torch: never).
 #
 # `train` exits 3 when the target stopped at its wall-clock guard: a call made while the machine
 # is still warm (out/ kept) resumes from target/ckpt.pt with the same command. A cold machine
@@ -52,7 +54,8 @@ case "$cmd" in
     # finds it agrees with the PyTorch reference on one batch; otherwise it is removed again (GDN=torch: skip)
     if [ "${GDN:-fla}" = fla ] && ls data/carry/wheels/fla_core-*.whl >/dev/null 2>&1; then
       python3 -m pip install -q --no-deps --no-index data/carry/wheels/*.whl || true
-      if ! python3 tools/train/gdn_check.py --shape small --steps 5 --json "$OUT/gdn_check.json"; then
+      if ! HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 tools/train/gdn_check.py --shape small --steps 5 \
+          --json "$OUT/gdn_check.json"; then
         echo "remote_v2: fla kernel rejected by gdn_check; training with the PyTorch reference" >&2
         python3 -m pip uninstall -y -q fla-core || true
       fi
