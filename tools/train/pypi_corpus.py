@@ -6,13 +6,18 @@
         --pin tools/train/pypi_corpus_manifest.json                            # the recorded ones
 
 Steps (docs/experiments/demo_data.md):
-1. `pip download --no-deps --only-binary=:all:` of each project in tools/train/pypi_packages.txt
-   (wheels cached in OUT/wheels/, so a re-run downloads nothing).
+1. `pip download --no-deps --only-binary=:all: --platform any` of each project in
+   tools/train/pypi_packages.txt (only pure wheels are candidates, so mypyc-compiled projects
+   such as black give their pure wheel; wheels cached in OUT/wheels/, so a re-run downloads nothing).
 2. Keep a project only if its wheel is pure Python (`-none-any.whl`) and its METADATA license
    (License-Expression, else the license classifiers, else the License field) is MIT, BSD,
    Apache-2.0 or PSF; every rejection and its reason goes to the manifest.
 3. Files: every `*.py` of the wheel outside vendored trees, UTF-8, 64 B..256 KiB, not generated
-   (markers in the head, very long lines, mostly numbers), at most --max-package-mb per project.
+   (markers in the head, very long lines, mostly numbers), not data-like or repetitive (v3:
+   files of >= --rep-min-lines non-blank lines with more than --max-literal-frac literal-only
+   lines, a line repeated more than --max-line-run times in a row, or more than --max-dup-frac
+   lines repeating an earlier one are dropped whole; --no-repetition-filter turns it off), at most
+   --max-package-mb per train project and --max-val-package-mb per held-out project.
 4. Split BY PROJECT: validation iff sha256(normalised name) % 10000 < --val-permille * 10.
    Validation projects are taken first, so a file shared with training stays in validation and
    its copies leave training.
@@ -40,8 +45,6 @@ import sys
 import time
 import zipfile
 from pathlib import Path
-
-import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -137,20 +140,24 @@ def find_wheel(wheels: Path, name: str, version: str | None) -> Path | None:
     return hits[-1] if hits else None
 
 
+def pip_cmd(python_version: str, wheels: Path, specs: list[str]) -> list[str]:
+    """`--platform any`: only pure wheels (`*-none-any`) are candidates, so projects that also publish
+    mypyc/C-accelerated platform wheels (black, isort, tomli, ...) give their pure wheel instead of
+    this host's compiled one."""
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform", "any",
+            "--quiet", "--disable-pip-version-check", "--python-version", python_version, "-d", str(wheels), *specs]
+
+
 def download_batch(names: list[str], pins: dict, wheels: Path, python_version: str) -> None:
     specs = [f"{n}=={pins[norm_name(n)]}" if norm_name(n) in pins else n for n in names]
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-                    "--disable-pip-version-check", "--python-version", python_version, "-d", str(wheels), *specs],
-                   capture_output=True)
+    subprocess.run(pip_cmd(python_version, wheels, specs), capture_output=True)
 
 
 def download(name: str, version: str | None, wheels: Path, python_version: str) -> tuple[Path | None, str]:
     if (w := find_wheel(wheels, name, version)) is not None:
         return w, "cached"
     spec = f"{name}=={version}" if version else name
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
-           "--disable-pip-version-check", "--python-version", python_version, "-d", str(wheels), spec]
-    r = subprocess.run(cmd, capture_output=True, text=True)
+    r = subprocess.run(pip_cmd(python_version, wheels, [spec]), capture_output=True, text=True)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
         return None, f"pip download failed: {last[:160]}"
@@ -186,6 +193,73 @@ def reject_reason(path: str, data: bytes, min_bytes: int, max_bytes: int) -> str
     return None
 
 
+# ---------------------------------------------------------------------------------------------
+# Repetitive / data-like files (v3, docs/experiments/demo_data.md "v3 preparation")
+# ---------------------------------------------------------------------------------------------
+_STR = re.compile(r"""[rRbBuUfF]{0,2}(?:'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")""")
+_NUM = re.compile(r"(?<![\w.])[-+]?(?:0[xXoObB][0-9a-fA-F_]+|\d[\d_]*\.?\d*(?:[eE][-+]?\d+)?j?|\.\d+)")
+_LITERAL_REST = re.compile(r"^[\s,()\[\]{}:]*$")
+
+
+def is_literal_line(line: str) -> bool:
+    """A line made only of string / number literals and , ( ) [ ] { } : (a trailing comment is
+    ignored), with at least one literal: the rows of a data table (`"de_DE",`, `'a': 1,`,
+    `(1, 2, 3),`). A lone docstring line such as `"Returns the name."` counts too; that is why the
+    filter looks at the share of such lines, not at their presence."""
+    t = line.strip()
+    if not t or t.startswith("#"):
+        return False
+    t = re.sub(r"\s#.*$", "", t)
+    t2, n_str = _STR.subn(" ", t)
+    t3, n_num = _NUM.subn(" ", t2)
+    return (n_str + n_num) > 0 and bool(_LITERAL_REST.match(t3))
+
+
+def repetition_stats(text: str) -> dict:
+    """Line-level measures of how data-like / repetitive a file is (all on non-blank lines):
+    lines: non-blank lines; literal_frac: share of literal-only lines (is_literal_line);
+    dup_frac: share of lines (stripped, >= 8 characters) equal to an earlier line of the file;
+    max_run: the longest run of consecutive identical lines (stripped), i.e. a line repeated
+    max_run times in a row; run3_frac: share of lines inside runs of >= 3 identical lines."""
+    lines = [l.strip() for l in text.splitlines()]
+    lines = [l for l in lines if l]
+    n = len(lines)
+    lit = sum(is_literal_line(l) for l in lines)
+    seen, dup = set(), 0
+    for l in lines:
+        if len(l) >= 8:
+            if l in seen:
+                dup += 1
+            seen.add(l)
+    run, best, prev, in_run3 = 0, 0, None, 0
+    for l in lines + [None]:
+        if l is not None and l == prev:
+            run += 1
+        else:
+            if run >= 3:
+                in_run3 += run
+            run = 1
+        prev = l
+        best = max(best, run) if l is not None else best
+    return {"lines": n, "literal_frac": lit / max(1, n), "dup_frac": dup / max(1, n), "max_run": best,
+            "run3_frac": in_run3 / max(1, n)}
+
+
+def repetition_reason(text: str, args) -> str | None:
+    """v3 filter: drop a whole file (never edit it) when it is mostly a data table or repeats
+    itself; thresholds from the measurements in docs/experiments/demo_data.md (v3 preparation)."""
+    st = repetition_stats(text)
+    if st["lines"] < args.rep_min_lines:
+        return None
+    if st["literal_frac"] > args.max_literal_frac:
+        return "data_literals"
+    if st["max_run"] > args.max_line_run:
+        return "line_run"
+    if st["dup_frac"] > args.max_dup_frac:
+        return "repeated_lines"
+    return None
+
+
 _COMMENT = re.compile(r"(?m)^\s*#.*$")
 
 
@@ -201,21 +275,26 @@ def is_validation(name: str, permille: float) -> bool:
     return h % 10000 < permille * 10
 
 
-def project_files(whl: Path, args) -> tuple[list[tuple[str, str]], dict]:
-    """Kept (path, text) of one wheel, in sorted path order, and per-reason drop counts."""
+def project_files(whl: Path, args, cap_mb: float | None = None) -> tuple[list[tuple[str, str]], dict, list]:
+    """Kept (path, text) of one wheel, in sorted path order, per-reason drop counts, and the files
+    the repetition filter dropped [(reason, path, text)] (so their tokens can be counted)."""
     drops: dict[str, int] = {}
-    kept = []
+    kept, rep_dropped = [], []
     with zipfile.ZipFile(whl) as z:
         names = sorted(n for n in z.namelist() if n.endswith(".py") and ".dist-info/" not in n)
         for n in names:
             data = z.read(n)
             why = reject_reason(n, data, args.min_bytes, args.max_kib * 1024)
+            if why is None and not args.no_repetition_filter:
+                why = repetition_reason(data.decode("utf-8"), args)
+                if why:
+                    rep_dropped.append((why, n, data.decode("utf-8")))
             if why:
                 drops[why] = drops.get(why, 0) + 1
                 continue
             kept.append((n, data.decode("utf-8")))
     # per-project cap: a fixed pseudo-random subset (by path hash), so no project dominates
-    cap = int(args.max_package_mb * 1e6)
+    cap = int((args.max_package_mb if cap_mb is None else cap_mb) * 1e6)
     if sum(len(t) for _, t in kept) > cap:
         order = sorted(kept, key=lambda f: hashlib.sha256(f[0].encode()).hexdigest())
         sel, size = set(), 0
@@ -226,13 +305,66 @@ def project_files(whl: Path, args) -> tuple[list[tuple[str, str]], dict]:
             sel.add(p)
             size += len(t)
         kept = [f for f in kept if f[0] in sel]
-    return kept, drops
+    return kept, drops, rep_dropped
 
 
 def read_metadata(whl: Path) -> str:
     with zipfile.ZipFile(whl) as z:
         m = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
         return z.read(m[0]).decode("utf-8", "replace") if m else ""
+
+
+def gather(names, got, args):
+    """Per-project records (license, split, drop counts), the kept files [(split, project, path,
+    text)] of the downloaded wheels before deduplication, and the files the repetition filter
+    dropped [(split, project, reason, path, text)]."""
+    projects, corpus, rep_dropped = [], [], []  # corpus: (split, project, path, text)
+    for name, (whl, how) in zip(names, got):
+        rec = {"name": name, "version": None, "wheel": None, "license": None, "license_evidence": None,
+               "split": "val" if is_validation(name, args.val_permille) else "train", "kept": False}
+        projects.append(rec)
+        if whl is None:
+            rec["rejected"] = how
+            continue
+        rec["wheel"] = whl.name
+        rec["version"] = whl.name.split("-")[1]
+        rec["wheel_sha256"] = hashlib.sha256(whl.read_bytes()).hexdigest()
+        if not whl.name.endswith("-none-any.whl"):
+            rec["rejected"] = "not pure Python (platform wheel)"
+            continue
+        fam, ev = license_of(read_metadata(whl))
+        rec["license"], rec["license_evidence"] = fam, ev
+        if fam not in ALLOWED:
+            rec["rejected"] = "license not MIT/BSD/Apache-2.0/PSF"
+            continue
+        cap = args.max_val_package_mb if rec["split"] == "val" else args.max_package_mb
+        files, drops, rep = project_files(whl, args, cap)
+        rec.update(kept=True, py_files_kept_before_dedup=len(files), dropped=drops)
+        corpus += [(rec["split"], name, p, t) for p, t in files]
+        rep_dropped += [(rec["split"], name, why, p, t) for why, p, t in rep]
+
+    return projects, corpus, rep_dropped
+
+
+def dedup(corpus):
+    """Exact and near duplicates out; validation first, so its files stay and copies leave training."""
+    # dedup: validation first, so its files stay and their copies leave training
+    corpus.sort(key=lambda f: (f[0] != "val", norm_name(f[1]), f[2]))
+    seen_exact, seen_near = set(), set()
+    final, dups = [], {"exact": 0, "near": 0}
+    for sp, name, path, text in corpus:
+        ex_k = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        nr_k = near_key(text)
+        if ex_k in seen_exact:
+            dups["exact"] += 1
+            continue
+        if nr_k in seen_near:
+            dups["near"] += 1
+            continue
+        seen_exact.add(ex_k)
+        seen_near.add(nr_k)
+        final.append((sp, name, path, text))
+    return final, dups
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,12 +380,22 @@ def parse_args(argv=None):
     p.add_argument("--min-bytes", type=int, default=64)
     p.add_argument("--max-kib", type=int, default=256)
     p.add_argument("--max-package-mb", type=float, default=6.0, help="source kept per project (MB)")
+    p.add_argument("--max-val-package-mb", type=float, default=1.5,
+                   help="source kept per held-out project (MB), so one project (twisted) does not make the "
+                        "held-out perplexity; v2 used the train cap, 6")
+    p.add_argument("--no-repetition-filter", action="store_true", help="v2 selection: no data/repetition filter")
+    p.add_argument("--rep-min-lines", type=int, default=20, help="files shorter than this skip the filter")
+    p.add_argument("--max-literal-frac", type=float, default=0.5, help="drop if more literal-only lines")
+    p.add_argument("--max-line-run", type=int, default=5, help="drop if a line repeats more times in a row")
+    p.add_argument("--max-dup-frac", type=float, default=0.5, help="drop if more lines repeat an earlier one")
     p.add_argument("--limit", type=int, default=0, help="only the first N projects (tests)")
     p.add_argument("--manifest-copy", help="also write the manifest without per-file lists here")
     return p.parse_args(argv)
 
 
 def main(argv=None):
+    import numpy as np  # here, so the selection functions import without numpy (tests/quality)
+
     args = parse_args(argv)
     out = Path(args.out)
     wheels = out / "wheels"
@@ -283,45 +425,8 @@ def main(argv=None):
     print(f"download: {len(names)} projects, {sum(1 for w, _ in got if w)} wheels; this run fetched "
           f"{dl_bytes / 1e6:.1f} MB in {dl_s:.1f} s ({dl_bytes / 1e6 / max(dl_s, 1e-9):.1f} MB/s)", flush=True)
 
-    projects, corpus = [], []  # corpus: (split, project, path, text)
-    for name, (whl, how) in zip(names, got):
-        rec = {"name": name, "version": None, "wheel": None, "license": None, "license_evidence": None,
-               "split": "val" if is_validation(name, args.val_permille) else "train", "kept": False}
-        projects.append(rec)
-        if whl is None:
-            rec["rejected"] = how
-            continue
-        rec["wheel"] = whl.name
-        rec["version"] = whl.name.split("-")[1]
-        rec["wheel_sha256"] = hashlib.sha256(whl.read_bytes()).hexdigest()
-        if not whl.name.endswith("-none-any.whl"):
-            rec["rejected"] = "not pure Python (platform wheel)"
-            continue
-        fam, ev = license_of(read_metadata(whl))
-        rec["license"], rec["license_evidence"] = fam, ev
-        if fam not in ALLOWED:
-            rec["rejected"] = "license not MIT/BSD/Apache-2.0/PSF"
-            continue
-        files, drops = project_files(whl, args)
-        rec.update(kept=True, py_files_kept_before_dedup=len(files), dropped=drops)
-        corpus += [(rec["split"], name, p, t) for p, t in files]
-
-    # dedup: validation first, so its files stay and their copies leave training
-    corpus.sort(key=lambda f: (f[0] != "val", norm_name(f[1]), f[2]))
-    seen_exact, seen_near = set(), set()
-    final, dups = [], {"exact": 0, "near": 0}
-    for sp, name, path, text in corpus:
-        ex_k = hashlib.sha256(text.encode("utf-8")).hexdigest()
-        nr_k = near_key(text)
-        if ex_k in seen_exact:
-            dups["exact"] += 1
-            continue
-        if nr_k in seen_near:
-            dups["near"] += 1
-            continue
-        seen_exact.add(ex_k)
-        seen_near.add(nr_k)
-        final.append((sp, name, path, text))
+    projects, corpus, rep_dropped = gather(names, got, args)
+    final, dups = dedup(corpus)
     print(f"files: {len(corpus)} after filters, {len(final)} after dedup (exact {dups['exact']}, near {dups['near']})",
           flush=True)
 
@@ -337,6 +442,28 @@ def main(argv=None):
     t1 = time.time()
     enc = tok.encode_batch([f[3] for f in final], add_special_tokens=False)
     tok_s = time.time() - t1
+    rep_summary = {"applied": not args.no_repetition_filter,
+                   "rule": "a file of >= rep_min_lines non-blank lines is dropped whole if literal_frac > "
+                           "max_literal_frac (data_literals), else max_run > max_line_run (line_run), else "
+                           "dup_frac > max_dup_frac (repeated_lines); see repetition_stats",
+                   "thresholds": {k: getattr(args, k) for k in ("rep_min_lines", "max_literal_frac", "max_line_run",
+                                                                 "max_dup_frac")},
+                   "dropped": {}, "dropped_by_project": {}}
+    if rep_dropped:
+        rep_enc = tok.encode_batch([f[4] for f in rep_dropped], add_special_tokens=False)
+        for (sp, name, why, path, text), e in zip(rep_dropped, rep_enc):
+            d = rep_summary["dropped"].setdefault(sp, {}).setdefault(why, {"files": 0, "bytes": 0, "tokens": 0})
+            d["files"] += 1
+            d["bytes"] += len(text.encode("utf-8"))
+            d["tokens"] += len(e.ids) + 1
+            q = rep_summary["dropped_by_project"].setdefault(name, {"files": 0, "tokens": 0})
+            q["files"] += 1
+            q["tokens"] += len(e.ids) + 1
+        rep_summary["dropped_by_project"] = dict(sorted(rep_summary["dropped_by_project"].items(),
+                                                        key=lambda kv: -kv[1]["tokens"]))
+        for sp, d in rep_summary["dropped"].items():
+            print(f"repetition filter, {sp}: " + ", ".join(f"{k} {v['files']} files / {v['tokens']:,} tokens"
+                                                             for k, v in sorted(d.items())), flush=True)
     streams = {"train": [], "val": []}
     per_proj: dict[str, dict] = {}
     for (sp, name, path, text), e in zip(final, enc):
@@ -382,6 +509,7 @@ def main(argv=None):
                        "train": sum(r["split"] == "train" for r in kept),
                        "val": sum(r["split"] == "val" for r in kept)},
         "licenses": {f: sum(r["license"] == f for r in kept) for f in sorted(ALLOWED)},
+        "repetition_filter": rep_summary,
         "files": {"after_filters": len(corpus), "after_dedup": len(final), "duplicates": dups,
                   "train": sum(1 for f in final if f[0] == "train"), "val": sum(1 for f in final if f[0] == "val")},
         "bytes": nbytes,

@@ -9,6 +9,8 @@
 #   here:    bash tools/train/remote_v2.sh unpack FILES_AT   -> out/run_carry/ (the run, small enough to carry)
 #   call 2:  bash tools/train/remote_v2.sh train gen,drafter,package [flags]   carry ["out/run_carry"]
 #   here:    bash tools/train/remote_v2.sh install FILES_AT  -> models/demo/
+#   v3: `pack` also copies data/fla/*.whl (fla-core, einops) to data/carry/wheels/; `train` installs
+#   them and keeps them only if tools/train/gdn_check.py passes (GDN=torch: never).
 #
 # `train` exits 3 when the target stopped at its wall-clock guard: a call made while the machine
 # is still warm (out/ kept) resumes from target/ckpt.pt with the same command. A cold machine
@@ -32,6 +34,11 @@ case "$cmd" in
     fi
     tar -C "$tmp" -cf - corpus tokenizer | xz -T2 -6 > data/carry/corpus.tar.xz
     rm -rf "$tmp"
+    # v3: the gated-delta-rule kernel for transformers' Qwen3_5 GDN layer (fla-core + einops, ~1.2 MB;
+    # `pip download --no-deps --only-binary=:all: -d data/fla fla-core==0.6.0 einops` first)
+    if ls data/fla/fla_core-*.whl >/dev/null 2>&1; then
+      mkdir -p data/carry/wheels && cp data/fla/fla_core-*.whl data/fla/einops-*.whl data/carry/wheels/
+    fi
     ls -l data/carry
     ;;
   train)  # device: stage list (part1 | part2 | all | a,b,c), then train_all.py flags
@@ -42,6 +49,16 @@ case "$cmd" in
     fi
     if [ ! -d "$RUN/stages" ] && [ -d out/run_carry ]; then
       mkdir -p "$RUN" && cat out/run_carry/run.tar.xz.* | xz -dc | tar -C "$RUN" -xf -
+    fi
+    # v3: carried fla-core wheels -> transformers' GDN layer uses fla's Triton kernel, if tools/train/gdn_check.py
+    # finds it agrees with the PyTorch reference on one batch; otherwise it is removed again (GDN=torch: skip)
+    if [ "${GDN:-fla}" = fla ] && ls data/carry/wheels/fla_core-*.whl >/dev/null 2>&1; then
+      python3 -m pip install -q --no-deps --no-index data/carry/wheels/*.whl || true
+      if ! HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 tools/train/gdn_check.py --shape small --steps 5 \
+          --json "$OUT/gdn_check.json"; then
+        echo "remote_v2: fla kernel rejected by gdn_check; training with the PyTorch reference" >&2
+        python3 -m pip uninstall -y -q fla-core || true
+      fi
     fi
     rc=0
     bash tools/train/train_all.sh "$RUN" "${FLAGS[@]}" --stage "$stages" "$@" || rc=$?

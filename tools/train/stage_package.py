@@ -89,6 +89,67 @@ def validation_prompts(val_texts: dict, n=N_PROMPTS, by_project=False):
     return prompts
 
 
+DOC_PROMPT_MAX_CHARS = 600
+DOC_PROMPT_MAX_LINES = 12
+
+
+def docstring_functions(text: str) -> list[tuple[int, str]]:
+    """Code-completion prompts of one file (rule `docfunc`): for every function or method, in
+    source order (ast.walk is breadth-first, so sort by line), whose body starts with a docstring
+    and has at least one statement after it: the source lines from the `def` line (decorators not
+    included) through the docstring's last line, plus a newline, i.e. the cursor where the body's
+    code starts. Skipped when that is over DOC_PROMPT_MAX_LINES lines or DOC_PROMPT_MAX_CHARS
+    characters. Files that do not parse (with the running Python's ast) give nothing."""
+    import ast
+
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return []
+    lines = text.split("\n")
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or len(node.body) < 2:
+            continue
+        d = node.body[0]
+        if not (isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant) and isinstance(d.value.value, str)):
+            continue
+        first, last = node.lineno - 1, d.end_lineno - 1  # 0-based, inclusive
+        if last - first + 1 > DOC_PROMPT_MAX_LINES:
+            continue
+        prompt = "\n".join(lines[first : last + 1]) + "\n"
+        if len(prompt) > DOC_PROMPT_MAX_CHARS:
+            continue
+        out.append((first, prompt))
+    return sorted(out)
+
+
+def docfunc_prompts(val_texts: dict, n=N_PROMPTS):
+    """Rule `docfunc` (PyPI corpus, keys "project/path"): round-robin over the held-out projects in
+    sorted order; each project yields its candidates in the order pass k = 0, 1, ...: the k-th
+    docstring_functions() prompt of each of its files (sorted paths). Distinct texts only. So the
+    first prompts cover every held-out project before any project gives a second one."""
+    groups: dict[str, list[str]] = {}
+    for f in sorted(val_texts):
+        groups.setdefault(f.split("/", 1)[0], []).append(f)
+    queues = {}
+    for proj, files in groups.items():
+        cands = {f: docstring_functions(val_texts[f]) for f in files}
+        depth = max((len(c) for c in cands.values()), default=0)
+        queues[proj] = [(f, k, *cands[f][k]) for k in range(depth) for f in files if k < len(cands[f])]
+    prompts, seen, pos = [], set(), {p: 0 for p in queues}
+    while len(prompts) < n and any(pos[p] < len(q) for p, q in queues.items()):
+        for proj, q in queues.items():
+            while pos[proj] < len(q) and len(prompts) < n:
+                f, k, line, text = q[pos[proj]]
+                pos[proj] += 1
+                if text not in seen:
+                    seen.add(text)
+                    prompts.append({"file": f, "kind": "docfunc", "line": line + 1, "text": text})
+                    break
+    return prompts
+
+
 # ---------------------------------------------------------------------------
 def run(args, log):
     import torch
@@ -149,14 +210,23 @@ def run(args, log):
     tok = Tokenizer.from_file(str(demo / "tokenizer.json"))
     val_texts = C.read_json(out / "corpus" / "validation_texts.json")
     by_project = "projects" in C.read_json(out / "corpus" / "manifest.json")
-    prompts = validation_prompts(val_texts, by_project=by_project)
+    rule = args.prompt_rule if args.prompt_rule != "auto" else ("docfunc" if by_project else "heads")
+    if rule == "docfunc":
+        prompts = docfunc_prompts(val_texts)
+        if len(prompts) < N_PROMPTS:  # top up with the heads rule
+            seen = {p["text"] for p in prompts}
+            prompts += [p for p in validation_prompts(val_texts, by_project=by_project) if p["text"] not in seen]
+            prompts = prompts[:N_PROMPTS]
+    else:
+        prompts = validation_prompts(val_texts, by_project=by_project)
     with open(demo / "validation_prompts.jsonl", "w", encoding="utf-8") as f:
         for i, p in enumerate(prompts):
             ids = tok.encode(p["text"], add_special_tokens=False).ids
             f.write(json.dumps({"id": i, **p, "n_tokens": len(ids), "ids": ids}, ensure_ascii=False) + "\n")
     n_files_used = len({p["file"] for p in prompts})
     log(f"package: {len(prompts)} validation prompts from {n_files_used} validation files "
-        f"({sum(p['kind'] == 'head' for p in prompts)} file heads)")
+        f"(rule {rule}: {sum(p['kind'] == 'docfunc' for p in prompts)} signature+docstring, "
+        f"{sum(p['kind'] == 'head' for p in prompts)} file heads)")
     if len(prompts) < N_PROMPTS:
         log(f"package: WARNING only {len(prompts)} prompts available (< {N_PROMPTS})")
 
@@ -272,7 +342,23 @@ def _fmt(x, nd=3):
     return f"{x:.{nd}f}" if isinstance(x, float) else str(x)
 
 
+PROMPT_RULE_TEXT = {
+    "docfunc": "a held-out function's signature and docstring (the `def` line through the docstring's last "
+               "line, then a newline: the cursor where the body starts; functions with a docstring and at "
+               f"least one more statement, prompt <= {DOC_PROMPT_MAX_LINES} lines and {DOC_PROMPT_MAX_CHARS} "
+               "characters), round-robin over the held-out projects in sorted order, each project taking the "
+               "k-th such function of each of its files (sorted paths) in pass k.",
+    "heads": "round-robin over the validation files in sorted order; pass 0 takes each file's first "
+             "non-empty lines, later passes the k-th `def`/`class` line of each file; up to 3 consecutive "
+             "non-empty lines, at most 200 characters, ending in a newline.",
+}
+
+
 def write_card(demo: Path, out: Path, args, prompts, checks):
+    kinds = {p["kind"] for p in prompts}
+    prompt_rule_text = PROMPT_RULE_TEXT["docfunc" if "docfunc" in kinds else "heads"]
+    if "docfunc" in kinds and len(kinds) > 1:
+        prompt_rule_text += " Topped up with the heads rule (`kind` head/def) when there were fewer than 64."
     man = C.read_json(out / "corpus" / "manifest.json")
     tm = C.read_json(out / "target" / "metrics.json")
     mm = C.read_json(out / "mtp" / "metrics.json")
@@ -339,9 +425,7 @@ trained).
 
 {data_section}
 - `validation_prompts.jsonl`: {len(prompts)} prompts (`text`, token `ids` without BOS, source `file`,
-  1-based `line`): round-robin over the validation files in sorted order; pass 0 takes each file's first
-  non-empty lines, later passes the k-th `def`/`class` line of each file; up to 3 consecutive non-empty
-  lines, at most 200 characters, ending in a newline.
+  1-based `line`, `kind`): {prompt_rule_text}
 
 ## Tokenizer
 

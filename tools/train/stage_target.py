@@ -95,6 +95,13 @@ def run(args, log):
     )
     gen = np.random.default_rng(seed)
     model.train()
+    # --target-compile: the training forward runs through torch.compile (same module, same weights;
+    # evaluation, checkpoints and the saved model use the plain module). The first step includes
+    # the compilation. Checked on the CPU only (docs/experiments/demo_data.md, v3 preparation).
+    fwd = model
+    if getattr(args, "target_compile", False):
+        fwd = torch.compile(model)
+        log("target: training forward compiled with torch.compile (first step includes compilation)")
     t0 = time.time()
     deadline = t0 + args.target_max_min * 60
     # --target-budget-min: the schedule runs over wall-clock time and the stage ends, complete, when
@@ -146,7 +153,7 @@ def run(args, log):
             g["lr"] = lr
         w = torch.from_numpy(C.random_windows(train, args.target_batch, args.target_seq + 1, gen)).to(device, non_blocking=True)
         with C.autocast_ctx(device):
-            logits = model(input_ids=w[:, :-1], use_cache=False).logits
+            logits = fwd(input_ids=w[:, :-1], use_cache=False).logits
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -226,6 +233,7 @@ def run(args, log):
         "val_tokens": nval,
         "train_sample_ppl_bf16": trainppl16,
         "lr": args.target_lr,
+        "compiled": bool(getattr(args, "target_compile", False)),
     }
     C.write_json(tdir / "metrics.json", metrics)
     return metrics

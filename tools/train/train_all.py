@@ -75,6 +75,9 @@ def parse_args(argv=None):
     g.add_argument("--target-ckpt-every", type=int, default=500,
                    help="write target/ckpt.pt (weights, optimizer, RNG, curve) every N steps and at the guard; "
                         "a re-run resumes from it")
+    g.add_argument("--target-compile", "--compile", dest="target_compile", action="store_true",
+                   help="torch.compile the target's training forward (works in the CPU smoke run; not yet "
+                        "measured on the GPU)")
     g.add_argument("--target-eval-every", type=int, default=100,
                    help="validation perplexity every N steps; the best checkpoint is kept (0: off, keep last)")
 
@@ -106,6 +109,12 @@ def parse_args(argv=None):
     g.add_argument("--drafter-gamma", type=float, default=4.0)
     g.add_argument("--drafter-alpha", type=float, default=1.0, help="selector loss weight")
     g.add_argument("--eval-walk", type=int, default=512, help="held-out sequences for the greedy-walk tau")
+
+    g = p.add_argument_group("package")
+    g.add_argument("--prompt-rule", default="auto", choices=("auto", "docfunc", "heads"),
+                   help="validation prompts: docfunc = a held-out function's signature + docstring "
+                        "(stage_package.docfunc_prompts), heads = file heads then def/class lines (the first "
+                        "pair's rule); auto = docfunc for a --corpus-dir corpus, heads for the stdlib one")
     args = p.parse_args(argv)
     if args.smoke:
         apply_smoke(args, p)
