@@ -308,4 +308,50 @@ inline std::vector<int> parse_ints(const char* s) {
   return v;
 }
 
+// The kernel labs' command line: [VERSION 1..nversions ...] [--quick] [--sweep] [--reps N] [--M a,b].
+// Versions default to all; --sweep only where `sweep_ok`. Returns false (usage printed) on a bad one.
+struct LabArgs {
+  bool quick = false, sweep = false;
+  std::vector<int> versions, Ms;
+};
+inline bool parse_lab_args(int argc, char** argv, int nversions, int max_m, bool sweep_ok, LabArgs& a) {
+  const std::string ms_default = [&] {
+    std::string s;
+    for (int M : a.Ms) {
+      if (!s.empty()) s.push_back(',');
+      s.append(std::to_string(M));
+    }
+    return s;
+  }();
+  for (int i = 1; i < argc; i++) {
+    if (!std::strcmp(argv[i], "--quick")) a.quick = true;
+    else if (sweep_ok && !std::strcmp(argv[i], "--sweep")) a.sweep = true;
+    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::max(5, std::atoi(argv[++i]));
+    else if (!std::strcmp(argv[i], "--M") && i + 1 < argc) a.Ms = parse_ints(argv[++i]);
+    else if (std::atoi(argv[i]) >= 1 && std::atoi(argv[i]) <= nversions) a.versions.push_back(std::atoi(argv[i]));
+    else {
+      std::fprintf(stderr, "usage: %s [VERSION 1..%d ...] [--quick]%s [--reps N] [--M %s]\n", argv[0], nversions,
+                   sweep_ok ? " [--sweep]" : "", ms_default.c_str());
+      return false;
+    }
+  }
+  for (int M : a.Ms)
+    if (M < 1 || M > max_m) {
+      std::fprintf(stderr, "%s: --M values must be 1..%d (found %d)\n", argv[0], max_m, M);
+      return false;
+    }
+  return true;
+}
+
+// One checked call of a lab version: outputs ys[i] ([M, rows[i]]) poisoned, run(), then downloaded.
+template <class Run>
+std::vector<std::vector<float>> poisoned_call(const std::vector<float*>& ys, const std::vector<int64_t>& rows, int M,
+                                              Run&& run) {
+  for (size_t i = 0; i < ys.size(); i++) poison(ys[i], static_cast<size_t>(M) * rows[i] * 4);
+  run();
+  std::vector<std::vector<float>> out(ys.size());
+  for (size_t i = 0; i < ys.size(); i++) out[i] = download(ys[i], static_cast<size_t>(M) * rows[i]);
+  return out;
+}
+
 }  // namespace qf::bench

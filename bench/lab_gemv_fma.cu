@@ -116,23 +116,11 @@ std::string check(int v, const WeightRef& W, const float* dx, const std::vector<
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false;
-  std::vector<int> versions, Ms = {1, 8, 16};
-  for (int i = 1; i < argc; i++) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::max(5, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--M") && i + 1 < argc) Ms = parse_ints(argv[++i]);
-    else if (std::atoi(argv[i]) >= 1 && std::atoi(argv[i]) <= kVersions) versions.push_back(std::atoi(argv[i]));
-    else {
-      std::fprintf(stderr, "usage: %s [VERSION 1..%d ...] [--quick] [--reps N] [--M 1,8,16]\n", argv[0], kVersions);
-      return 2;
-    }
-  }
-  for (int M : Ms)
-    if (M < 1 || M > 64) {
-      std::fprintf(stderr, "%s: --M values must be 1..64\n", argv[0]);
-      return 2;
-    }
+  LabArgs args;
+  args.Ms = {1, 8, 16};
+  if (!parse_lab_args(argc, argv, kVersions, 64, false, args)) return 2;
+  const bool quick = args.quick;
+  std::vector<int> versions = args.versions, Ms = args.Ms;
   if (versions.empty())
     for (int v = 1; v <= kVersions; v++) versions.push_back(v);
   try {

@@ -372,12 +372,8 @@ std::string check(int v, const Case& c, const Loaded& l, const float* dx, const 
   std::vector<float*> ys(n);
   for (int i = 0; i < n; i++) ys[i] = static_cast<float*>(dmalloc(static_cast<size_t>(16) * c.rows[i] * 4));
   auto call = [&](bool tiled, int M, int off) {
-    for (int i = 0; i < n; i++) poison(ys[i], static_cast<size_t>(M) * c.rows[i] * 4);
     const auto ws = group(l, 0, tiled);
-    run_version(v, ws.data(), ys.data(), n, dx + static_cast<size_t>(off) * cols, cols, M);
-    std::vector<std::vector<float>> out(n);
-    for (int i = 0; i < n; i++) out[i] = download(ys[i], static_cast<size_t>(M) * c.rows[i]);
-    return out;
+    return poisoned_call(ys, c.rows, M, [&] { run_version(v, ws.data(), ys.data(), n, dx + static_cast<size_t>(off) * cols, cols, M); });
   };
   std::string err;
   std::vector<std::vector<float>> full[2];
@@ -406,24 +402,11 @@ std::string check(int v, const Case& c, const Loaded& l, const float* dx, const 
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool quick = false, sweep = false;
-  std::vector<int> versions, Ms = {1, 8, 16};
-  for (int i = 1; i < argc; i++) {
-    if (!std::strcmp(argv[i], "--quick")) quick = true;
-    else if (!std::strcmp(argv[i], "--sweep")) sweep = true;
-    else if (!std::strcmp(argv[i], "--reps") && i + 1 < argc) g_reps = std::max(5, std::atoi(argv[++i]));
-    else if (!std::strcmp(argv[i], "--M") && i + 1 < argc) Ms = parse_ints(argv[++i]);
-    else if (std::atoi(argv[i]) >= 1 && std::atoi(argv[i]) <= kVersions) versions.push_back(std::atoi(argv[i]));
-    else {
-      std::fprintf(stderr, "usage: %s [VERSION 1..%d ...] [--quick] [--sweep] [--reps N] [--M 1,8,16]\n", argv[0], kVersions);
-      return 2;
-    }
-  }
-  for (int M : Ms)
-    if (M < 1 || M > 64) {
-      std::fprintf(stderr, "%s: --M values must be 1..64\n", argv[0]);
-      return 2;
-    }
+  LabArgs args;
+  args.Ms = {1, 8, 16};
+  if (!parse_lab_args(argc, argv, kVersions, 64, true, args)) return 2;
+  const bool quick = args.quick, sweep = args.sweep;
+  std::vector<int> versions = args.versions, Ms = args.Ms;
   if (versions.empty()) {
     if (sweep) versions = {1, 2};
     else
