@@ -8,5 +8,7 @@ if [ ! -f models/demo/config.json ]; then
   echo "qflash: models/demo is missing; train it with: bash tools/train/train_all.sh OUT (see tools/train)" >&2
   exit 1
 fi
-build/qflash run --prompt "${1:-def parse_args(}" --max-tokens "${MAX_TOKENS:-128}" --stats
+# The default prompt is a signature and a docstring: the model writes the body (code completion).
+PROMPT=$'def parse_args(argv=None):\n    """Parse the command-line arguments and return the namespace."""\n'
+build/qflash run --prompt "${1:-$PROMPT}" --max-tokens "${MAX_TOKENS:-128}" --stats
 echo

@@ -25,7 +25,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-DEMO_PROMPT = "def parse_args("
+# scripts/demo.sh's prompt: a signature and a one-line docstring, the cursor where the body starts
+# (the `docfunc` shape of the validation prompts, docs/experiments/demo_data.md).
+DEMO_PROMPT = 'def parse_args(argv=None):\n    """Parse the command-line arguments and return the namespace."""\n'
 
 
 @dataclass
