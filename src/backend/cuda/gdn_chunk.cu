@@ -23,6 +23,9 @@
 //     (once per key head), then for each value head of the key head the gates, A and Aqk, and
 //     both forward substitutions, one thread per column of W or U with the column in registers.
 //     Writes the intermediates (GdnChunkScratch, gdn_chunk.h).
+//     QFLASH_GDN_PREP=v2 runs gdn_chunk_prep2_kernel instead (same grid, same intermediates within
+//     rounding): the Gram products and a blocked forward substitution on split-tf32 mma (its
+//     comment says what changes and why).
 //  2. gdn_chunk_tail_kernel: the new conv tail (the last K-1 raw rows of [tail | rows]).
 //  3. gdn_chunk_recur_kernel, grid (value head, 32-row block of d_v), sequential over chunks.
 //     Rows of S are independent (row i of Delta needs only row i of S0), so a block keeps its 32
@@ -35,6 +38,7 @@
 // Split invariance: a chunk's arithmetic depends only on its rows, the raw rows before it and the
 // state it receives, never on M or the chunk count, so splitting a prompt at a multiple of 64
 // repeats the same operations on the same values.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -249,6 +253,280 @@ __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const P
       for (int t = 0; t < kC; t++) dst[t * ld] = x[t];
     }
     __syncthreads();
+  }
+}
+
+// ---- 1b. parallel stage, v2 (QFLASH_GDN_PREP=v2) ------------------------------------------------
+// The same intermediates as gdn_chunk_prep_kernel from the same formulas; what changes is how the
+// two costly parts are evaluated (run 27: that kernel is latency-bound at 25% occupancy, and two
+// parts make up most of each warp's instruction stream):
+//  - Gram products K K^T and Q K^T on split-tf32 mma (mma3: about fp32 accuracy), only the 16x8
+//    tiles on or below the diagonal (20 of 32 per product), 5 tiles a warp; v1 ran them as 64x64x128
+//    scalar FMAs, ~5.6k instructions a warp.
+//  - (I + A) [W | U] = [diag(beta e^G) K | diag(beta) V] as one blocked forward substitution over
+//    four 16-row blocks: block i first subtracts A[i, <i] X[<i] (split-tf32 mma, all 8 warps, the
+//    columns of W and U side by side), then a 16-step substitution inside the block, one thread per
+//    column. v1 ran one 64-step substitution per column: a chain of 2,016 dependent FMAs a thread with
+//    the column in (spilling) registers, and the V conv on only the U half of the threads.
+// The conv, the norms, the gates, e^G and A / Aqk from the Gram values use v1's code, so qn, kn, eg
+// and er equal v1's bits; A, Aqk, W and U differ by the rounding of the reordered sums (tests:
+// CudaGdnChunked.PrepV2*). Every value is a function of the chunk's rows alone, as in v1, so split
+// invariance holds the same way.
+constexpr int kLdM = kC + 1;  // Gram rows in shared memory (both products in one array)
+constexpr int kBlk = 16;      // rows of a diagonal block of the blocked substitution
+
+// Conv + SiLU of channel ch for chunk rows t0 .. t0 + NR - 1 (0 from row L on), conv_rows'
+// arithmetic for each row; the window is loaded for row t0. Raw rows past the call's last row are
+// never read (they only feed rows that are emitted as 0).
+template <int NR, class Emit>
+__device__ __forceinline__ void conv_rows_from(const PrepArgs& a, int ch, int m0, int t0, int L, Emit&& emit) {
+  const int K = a.K;
+  const size_t C = a.C;
+  float w[kConvMax], win[kConvMax - 1];
+#pragma unroll
+  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? a.conv_w[static_cast<size_t>(ch) * K + j] : 0.0f;
+  const float wlast = a.conv_w[static_cast<size_t>(ch) * K + K - 1];
+#pragma unroll
+  for (int j = 0; j < kConvMax - 1; j++) {
+    const int tt = t0 - (K - 1) + j;  // chunk row of this window entry
+    const int m = m0 + tt;
+    win[j] = 0.0f;
+    if (j < K - 1 && tt < L)
+      win[j] = m >= 0 ? a.mixed[static_cast<size_t>(m) * C + ch] : a.tail[static_cast<size_t>(K - 1 + m) * C + ch];
+  }
+#pragma unroll
+  for (int t = 0; t < NR; t++) {
+    const int tt = t0 + t;
+    const float raw = tt < L ? a.mixed[static_cast<size_t>(m0 + tt) * C + ch] : 0.0f;
+    const float acc = gdn_conv_acc(w, win, wlast, raw, K);
+    emit(tt, tt < L ? silu_f(acc) : 0.0f);
+    gdn_conv_push(win, raw, K);
+  }
+}
+
+__global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep2_kernel(const PrepArgs a) {
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ __align__(16) float smem[];
+  const int kh = blockIdx.x, c = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, q = lane & 3;
+  // Row strides: ldk = 4 (mod 32) and ldx = 8 (mod 32) make every fragment read below hit 32 banks
+  // (A and [n][k] B fragments read rows g, columns q; [k][n] B fragments rows q, columns g).
+  const int dk = a.dk, dv = a.dv, ldk = dk + 4, nx = dk + dv, ldx = nx + 8;
+  const int m0 = c * kC, L = min(kC, a.M - m0);
+  const size_t kc = static_cast<size_t>(c) * a.Hk + kh;
+  double* Gs = reinterpret_cast<double*>(smem);  // [64] cumulative log-decay
+  float* bes = smem + 2 * kC;                    // [64] beta
+  float* bgs = bes + kC;                         // [64] beta e^G
+  float* Xs = smem + kPrepHead;                  // [64, ldx] [W | U]: right-hand side, then solution
+  float* Qs = Xs;                                // [64, ldk] Q and K until the Gram products are done
+  float* Ks = Xs + kC * ldk;
+  float* Mg = Xs + kC * max(2 * ldk, ldx);  // [64, kLdM] k_t . k_s at [t][s], s < t; q_t . k_s at [s][t], s <= t
+  float* As = Mg + kC * kLdM;               // [64, kLdA]
+
+  if (tid < 2 * dk) {
+    const bool isk = tid >= dk;
+    const int j = isk ? tid - dk : tid;
+    float* dst = (isk ? Ks : Qs) + j;
+    conv_rows(a, (isk ? a.key_dim : 0) + kh * dk + j, m0, L, [&](int t, float u) { dst[t * ldk] = u; });
+  }
+  __syncthreads();
+  // l2 norms: v1's code and order
+  for (int r = warp; r < 2 * kC; r += kPrepThreads / 32) {
+    const bool isk = r >= kC;
+    const int t = isk ? r - kC : r;
+    float* p = (isk ? Ks : Qs) + t * ldk;
+    float ss = 0.0f;
+    for (int j = lane; j < dk; j += 32) ss = fmaf(p[j], p[j], ss);
+    ss = warp_sum(ss);
+    const float inv = gdn_inv_norm(ss, a.eps);
+    float* dst = (isk ? a.sc.kn : a.sc.qn) + (kc * kC + t) * dk;
+    for (int j = lane; j < dk; j += 32) {
+      const float v = isk ? __fmul_rn(p[j], inv) : __fmul_rn(__fmul_rn(p[j], inv), a.qscale);
+      p[j] = v;
+      dst[j] = v;
+    }
+  }
+  __syncthreads();
+  // Gram products on the tensor cores. Warp w: product p = w / 4 (K K^T, Q K^T), the row bands
+  // {0, 3} or {1, 2} (16 rows each), and the 8-column tiles of parity h = w % 2 on or below the
+  // diagonal (band b has tiles 0 .. 2b + 1): b + 1 tiles per band, 5 a warp. Both bands read the
+  // same B fragments (columns s of K), band bA's tiles being the first of band bB's.
+  {
+    const int p = warp >> 2, bA = (warp >> 1) & 1, bB = 3 - bA, h = warp & 1;
+    const float* Ao = p ? Qs : Ks;
+    float accA[2][4], accB[4][4];
+#pragma unroll
+    for (int m = 0; m < 4; m++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        accB[m][e] = 0.0f;
+        if (m < 2) accA[m][e] = 0.0f;
+      }
+    for (int ks = 0; ks < dk / 8; ks++) {
+      const float* a0 = Ao + (16 * bA + g) * ldk + 8 * ks + q;
+      const float* a1 = Ao + (16 * bB + g) * ldk + 8 * ks + q;
+      const FragA fA = frag_a(a0[0], a0[8 * ldk], a0[4], a0[8 * ldk + 4]);
+      const FragA fB = frag_a(a1[0], a1[8 * ldk], a1[4], a1[8 * ldk + 4]);
+#pragma unroll
+      for (int m = 0; m < 4; m++) {
+        if (m > bB) break;  // warp-uniform
+        const float* sr = Ks + (8 * (h + 2 * m) + g) * ldk + 8 * ks + q;
+        const FragB fb = frag_b(sr[0], sr[4]);
+        mma3(accB[m], fB, fb);
+        if (m < 2 && m <= bA) mma3(accA[m], fA, fb);
+      }
+    }
+    // C fragment element e of a tile: row 16 band + g + 8 (e / 2), column 8 nt + 2q + e % 2
+    auto put = [&](const float (&v)[4], int band, int nt) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int t = 16 * band + g + 8 * (e >> 1), s = 8 * nt + 2 * q + (e & 1);
+        if (p == 0) {
+          if (s < t) Mg[t * kLdM + s] = v[e];
+        } else if (s <= t) {
+          Mg[s * kLdM + t] = v[e];
+        }
+      }
+    };
+#pragma unroll
+    for (int m = 0; m < 4; m++) {
+      if (m <= bB) put(accB[m], bB, h + 2 * m);
+      if (m < 2 && m <= bA) put(accA[m], bA, h + 2 * m);
+    }
+  }
+  __syncthreads();
+
+  const int tx = tid & 15, ty = tid >> 4;
+  for (int r = 0; r < a.ratio; r++) {
+    const int hv = kh * a.ratio + r;
+    const size_t hc = static_cast<size_t>(c) * a.Hv + hv;
+    if (tid < kC) {
+      float gam = 0.0f, beta = 0.0f;
+      if (tid < L) {
+        const size_t row = static_cast<size_t>(m0 + tid) * a.Hv + hv;
+        gam = gdn_log_decay(-expf(a.A_log[hv]), a.alpha[row], a.dt_bias[hv]);
+        beta = sigmoid_f(a.beta_in[row]);
+      }
+      Gs[tid] = static_cast<double>(gam);
+      bes[tid] = beta;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      double s = 0.0;
+#pragma unroll 8
+      for (int t = 0; t < kC; t++) {
+        s += Gs[t];
+        Gs[t] = s;
+      }
+    }
+    // U's right-hand side beta_t v_t into X's columns dk.., v = conv + SiLU of this head's value
+    // channels: one item = a channel and 16 rows, spread over all threads (v1: one thread a channel)
+    for (int it = tid; it < dv * (kC / kBlk); it += kPrepThreads) {
+      const int j = it % dv, t0 = kBlk * (it / dv);
+      float* dst = Xs + dk + j;
+      conv_rows_from<kBlk>(a, 2 * a.key_dim + hv * dv + j, m0, t0, L,
+                           [&](int t, float u) { dst[t * ldx] = __fmul_rn(bes[t], u); });
+    }
+    __syncthreads();
+    if (tid < kC) {
+      const float eg = tid < L ? expf(static_cast<float>(Gs[tid])) : 0.0f;
+      const float er = tid < L ? expf(static_cast<float>(Gs[L - 1] - Gs[tid])) : 0.0f;
+      bgs[tid] = __fmul_rn(bes[tid], eg);
+      a.sc.eg[hc * kC + tid] = eg;
+      a.sc.er[hc * kC + tid] = er;
+    }
+    // A and Aqk: v1's expressions on this kernel's Gram values
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+      for (int b = 0; b < 4; b++) {
+        const int t = ty + 16 * i, s = tx + 16 * b;
+        float aqk = 0.0f, av = 0.0f;
+        if (t < L && s <= t) {
+          const float D = expf(static_cast<float>(Gs[t] - Gs[s]));
+          aqk = __fmul_rn(D, Mg[s * kLdM + t]);
+          if (s < t) av = __fmul_rn(bes[t], __fmul_rn(D, Mg[t * kLdM + s]));
+        }
+        As[t * kLdA + s] = av;
+        a.sc.aqk[(hc * kC + t) * kC + s] = aqk;
+      }
+    __syncthreads();
+    // W's right-hand side beta_t e^{G_t} k_t into X's columns 0..dk-1. K's shared copy is gone (X
+    // overwrote it); this block wrote kn before a barrier, so the global copy is visible to it.
+    {
+      const float* kn = a.sc.kn + kc * kC * dk;
+      for (int e = tid; e < kC * dk; e += kPrepThreads) {
+        const int t = e / dk, j = e - t * dk;
+        Xs[t * ldx + j] = __fmul_rn(bgs[t], kn[e]);
+      }
+    }
+    __syncthreads();
+    // Blocked forward substitution, rows r0 .. r0 + 15 per block:
+    //   X_i <- X_i - A[i, <i] X[<i]   (mma; warp w owns the column tiles w, w + 8, w + 16, w + 24)
+    //   then (I + A[i, i]) X_i = X_i, one thread per column, 16 rows in registers.
+    // Rows at or past L have zero right-hand sides and zero rows of A, so they stay exactly 0.
+    for (int i = 0; i < kC / kBlk; i++) {
+      const int r0 = kBlk * i;
+      if (i > 0) {
+        float acc[4][4];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) acc[u][e] = 0.0f;
+        for (int ks = 0; ks < 2 * i; ks++) {
+          const float* a0 = As + (r0 + g) * kLdA + 8 * ks + q;
+          const FragA fa = frag_a(a0[0], a0[8 * kLdA], a0[4], a0[8 * kLdA + 4]);
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            const int nt = warp + 8 * u;
+            if (8 * nt >= nx) break;  // warp-uniform
+            const float* dr = Xs + (8 * ks + q) * ldx + 8 * nt + g;
+            mma3(acc[u], fa, frag_b(dr[0], dr[4 * ldx]));
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          const int nt = warp + 8 * u;
+          if (8 * nt >= nx) break;
+          float* x0 = Xs + (r0 + g) * ldx + 8 * nt + 2 * q;
+          x0[0] = __fsub_rn(x0[0], acc[u][0]);
+          x0[1] = __fsub_rn(x0[1], acc[u][1]);
+          x0[8 * ldx] = __fsub_rn(x0[8 * ldx], acc[u][2]);
+          x0[8 * ldx + 1] = __fsub_rn(x0[8 * ldx + 1], acc[u][3]);
+        }
+        __syncthreads();
+      }
+      if (tid < nx) {
+        float* col = Xs + r0 * ldx + tid;
+        float x[kBlk];
+#pragma unroll
+        for (int t = 0; t < kBlk; t++) x[t] = col[t * ldx];
+#pragma unroll
+        for (int t = 1; t < kBlk; t++) {
+          const float* At = As + (r0 + t) * kLdA + r0;
+          float acc = x[t];
+#pragma unroll
+          for (int s = 0; s < t; s += 4) {
+            const float4 a4 = *reinterpret_cast<const float4*>(At + s);
+            acc = fmaf(-a4.x, x[s], acc);
+            if (s + 1 < t) acc = fmaf(-a4.y, x[s + 1], acc);
+            if (s + 2 < t) acc = fmaf(-a4.z, x[s + 2], acc);
+            if (s + 3 < t) acc = fmaf(-a4.w, x[s + 3], acc);
+          }
+          x[t] = acc;
+        }
+        const bool isw = tid < dk;
+        float* dst = isw ? a.sc.w + (hc * kC + r0) * dk + tid : a.sc.u + (hc * kC + r0) * dv + (tid - dk);
+        const int ld = isw ? dk : dv;
+#pragma unroll
+        for (int t = 0; t < kBlk; t++) {
+          col[t * ldx] = x[t];
+          dst[t * ld] = x[t];
+        }
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -516,6 +794,22 @@ int recur_warps_env() {
   return w;
 }
 
+// QFLASH_GDN_PREP=v2: the tensor-core parallel stage (gdn_chunk_prep2_kernel) instead of v1 (an A/B
+// switch while v2 is unmeasured; read once per process).
+int prep_env() {
+  static const int v = [] {
+    const char* e = std::getenv("QFLASH_GDN_PREP");
+    return e && std::strcmp(e, "v2") == 0 ? 2 : 1;
+  }();
+  return v;
+}
+
+// v2: head, X (which first holds Q and K), the Gram array and A.
+size_t prep2_smem_bytes(int dk, int dv) {
+  const int ldk = dk + 4, ldx = dk + dv + 8;
+  return static_cast<size_t>(kPrepHead + kC * std::max(2 * ldk, ldx) + kC * kLdM + kC * kLdA) * sizeof(float);
+}
+
 size_t prep_smem_bytes(int dk) {
   const int ldq = dk + 1;
   return static_cast<size_t>(kPrepHead + 2 * kC * ldq + 2 * kC * kLdG + (ldq >= kLdA ? 0 : kC * kLdA)) *
@@ -523,6 +817,8 @@ size_t prep_smem_bytes(int dk) {
 }
 
 }  // namespace
+
+int gdn_prep_version(int prep) { return prep ? prep : prep_env(); }
 
 bool gdn_chunk_supported(const GdnDims& d) {
   return d.d_k > 0 && d.d_k <= kMaxD && d.d_k % 32 == 0 && d.d_v > 0 && d.d_v <= kMaxD && d.d_v % kRows == 0 &&
@@ -550,8 +846,9 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* p) {
 
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st, int recur_warps) {
+                 cudaStream_t st, int recur_warps, int prep) {
   if (M <= 0) return;
+  if (prep != 0 && prep != 1 && prep != 2) backend_fail("cuda gdn_chunked: parallel stage v%d (1 or 2)", prep);
   if (recur_warps != 0 && recur_warps != 4 && recur_warps != 8)
     backend_fail("cuda gdn_chunked: %d warps per recurrence block (4 or 8)", recur_warps);
   if (!gdn_chunk_supported(d))
@@ -570,11 +867,17 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   pa.sc = gdn_chunk_scratch_layout(d, M, scratch);
   pa.K = d.conv_kernel;
   pa.Hk = d.n_k_heads;
-  const size_t smem = prep_smem_bytes(d.d_k);
-  // The largest prep footprint (d_k = 128) is allowed once per device and kernel.
-  static std::atomic<uint64_t> prep_set{0};
-  allow_smem(gdn_chunk_prep_kernel, prep_smem_bytes(kMaxD), prep_set);
-  launch_k(gdn_chunk_prep_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), smem, st, pa);
+  // The largest prep footprint (d_k = d_v = 128) is allowed once per device and kernel.
+  if (gdn_prep_version(prep) == 2) {
+    static std::atomic<uint64_t> prep2_set{0};
+    allow_smem(gdn_chunk_prep2_kernel, prep2_smem_bytes(kMaxD, kMaxD), prep2_set);
+    launch_k(gdn_chunk_prep2_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), prep2_smem_bytes(d.d_k, d.d_v), st,
+             pa);
+  } else {
+    static std::atomic<uint64_t> prep_set{0};
+    allow_smem(gdn_chunk_prep_kernel, prep_smem_bytes(kMaxD), prep_set);
+    launch_k(gdn_chunk_prep_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), prep_smem_bytes(d.d_k), st, pa);
+  }
   QF_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
   if (d.conv_kernel > 1) {
     launch_k(gdn_chunk_tail_kernel, dim3((C + 255) / 256), dim3(256), 0, st, mixed, tail, C, d.conv_kernel, M);
