@@ -51,6 +51,7 @@
 #             CudaAttentionPrefill tests (v2/v2s bit for bit against v1, then the float64 and
 #             row-invariance tests through the backend under v2 and v2s), the 27B 8k prefill under each
 #             variant, and the 8k prefill's kernel profile under v2 (attn_prefill_pair_kernel's own time)
+# SKIP="name ..." leaves out single sub-steps by name (e.g. SKIP="gemm27 prefill32k" keeps the rest of prefill).
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
 # the files it brings back. All logs go
 # into $OUT/logs.tgz, the summary table into $OUT/summary.txt and to stdout (last).
@@ -91,6 +92,7 @@ gtest_detail() {
 # step NAME TIMEOUT KIND CMD...   (KIND: gtest | plain)
 step() {
   local name="$1" to="$2" kind="$3"; shift 3
+  if [[ " ${SKIP:-} " == *" $name "* ]]; then NAMES+=("$name"); STATUS+=(SKIP); SECS+=(0); DETAIL+=("in SKIP"); return; fi
   local l; l=$(left)
   if (( l < 15 )); then NAMES+=("$name"); STATUS+=(NOTIME); SECS+=(0); DETAIL+=("budget spent"); return; fi
   (( to > l - 10 )) && to=$(( l - 10 ))
@@ -236,8 +238,8 @@ want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192
 # first (the v1/v2 comparison test runs both stages whatever the switch says), then the same
 # timings under each.
 if want gdnab; then
-  QFLASH_GDN_PREP=v2 step gdnab_tests 90 gtest "$BIN/qflash_tests" \
-    --gtest_filter='CudaGdnChunked.*:Op/GdnChunked*_cuda' --gtest_color=no
+  QFLASH_GDN_PREP=v2 step gdnab_tests 150 gtest "$BIN/qflash_tests" \
+    --gtest_filter='CudaGdnChunked.*:Op/GdnChunked*_cuda:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda' --gtest_color=no
   grep -h '\[ PrepV2 \]' "$LOG/gdnab_tests.log" 2>/dev/null
   for pv in v1 v2; do
     QFLASH_GDN_PREP=$pv step "gdnab_bench_$pv" 60 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
