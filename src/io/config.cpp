@@ -117,7 +117,7 @@ void parse_rope(const Json& text, const std::string& prefix, const std::string& 
   c.rotary_dim = static_cast<int>(rot_i);
   c.mrope_section = r.opt_int_list("mrope_section");
   if (!c.mrope_section.empty()) {
-    int sum = 0;
+    long long sum = 0;  // entries are client-of-the-file data: up to INT_MAX each, so no int sum
     for (int s : c.mrope_section) {
       if (s < 0) r.bad("mrope_section", "non-negative entries");
       sum += s;

@@ -126,7 +126,9 @@ TEST(TokenizerFuzz, RandomTextEncodesDecodesAndStaysPlain) {
         ASSERT_FALSE(t.is_special(id)) << "user text became special token " << id;
       }
       const std::string back = t.decode(ids);
-      if (ascii) ASSERT_EQ(back, s);
+      if (ascii) {
+        ASSERT_EQ(back, s);
+      }
     }
     std::string big;
     while (big.size() < 65536) big += static_cast<char>(rng() % 3 == 0 ? ' ' : 'a' + rng() % 3);
