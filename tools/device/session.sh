@@ -47,10 +47,6 @@
 #             of 7: auto within 3% of k = 7, column 'vs fixed'), then the demo pair at real acceptance
 #   adaptivedemo (not default) the demo pair only (~4 min): code prompts (greedy and T = 0.8),
 #             prose prompts, MTP k 2/3/4
-#   attnab    (not default) attention-prefill kernel A/B (QFLASH_ATTN_PREFILL=v1|v2|v2s): the
-#             CudaAttentionPrefill tests (v2/v2s bit for bit against v1, then the float64 and
-#             row-invariance tests through the backend under v2 and v2s), the 27B 8k prefill under each
-#             variant, and the 8k prefill's kernel profile under v2 (attn_prefill_pair_kernel's own time)
 # SKIP="name ..." leaves out single sub-steps by name (e.g. SKIP="gemm27 prefill32k" keeps the rest of prefill).
 # Every step gets a timeout cut to the time left under BUDGET (s, default 540); TAG=name suffixes
 # the files it brings back. All logs go
@@ -275,25 +271,6 @@ if want prefchunk; then
       --json "$LOG/prefill_32k_c$pc.json"
   done
 fi
-# Attention-prefill A/B (issue 12): v2/v2s against v1 bit for bit, the kernel's own tests under each
-# variant, the 27B 8k prefill per variant (compare with each other only: same call, same card), and
-# the kernel profile of one 8,192-row chunk under v2 (next to prefprof's, which runs the default v1).
-if want attnab; then
-  step attnab_tests 90 gtest "$BIN/qflash_tests" --gtest_filter='CudaAttentionPrefill.*' --gtest_color=no
-  for v in v2 v2s; do
-    QFLASH_ATTN_PREFILL=$v step "attnab_tests_$v" 60 gtest "$BIN/qflash_tests" \
-      --gtest_filter='CudaAttentionPrefill.*:-CudaAttentionPrefill.VariantsAgreeBitForBit' --gtest_color=no
-  done
-  for v in v1 v2 v2s; do
-    QFLASH_ATTN_PREFILL=$v step "attnab_8k_$v" 90 plain "$BIN/qflash" bench --device cuda \
-      --synthetic tests/fixtures/configs/qwen38_27b/config.json \
-      --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 3 --json "$LOG/attnab_8k_$v.json"
-  done
-  QFLASH_ATTN_PREFILL=v2 step attnab_prof_v2 120 plain "$BIN/qflash" bench --device cuda \
-    --synthetic tests/fixtures/configs/qwen38_27b/config.json \
-    --prompt-len 8192 --max-context 8448 --prefill-chunk 8192 --ops-only --no-mtp --reps 3 --profile \
-    --json "$LOG/prefill_8k_profile_v2.json"
-fi
 want gdnrows && step gdntests 90 gtest "$BIN/qflash_tests" --gtest_filter='CudaGdnChunked.*:Op/GdnChunked*_cuda' --gtest_color=no
 want gdnrows && QFLASH_GDN_WARPS=4 step gdnbench_warps4 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
 if want ncuprefill && [[ -n "$NCU" ]]; then
@@ -349,11 +326,10 @@ echo
 for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/bench27q4s.log "$LOG"/bench27q4l.log \
          "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/gdnab_bench_v1.log "$LOG"/gdnab_bench_v2.log "$LOG"/gdnab_8k_v1.log "$LOG"/gdnab_8k_v2.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/adaptiveprose.log "$LOG"/adaptivemtp2.log "$LOG"/adaptivemtp4.log "$LOG"/adaptivet08.log "$LOG"/gemv.log "$LOG"/sweep.log \
          "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/lab_q4.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
-         "$LOG"/prefill32k.log "$LOG"/prefill128k.log "$LOG"/attnab_8k_v1.log "$LOG"/attnab_8k_v2.log \
-         "$LOG"/attnab_8k_v2s.log; do
+         "$LOG"/prefill32k.log "$LOG"/prefill128k.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done
-for f in "$LOG"/prof27.log "$LOG"/prof27q4.log "$LOG"/attnab_prof_v2.log; do
+for f in "$LOG"/prof27.log "$LOG"/prof27q4.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f") (head of each table)"; grep -A14 -E '^(---- kernel|decode step)' "$f" | cut -c1-150; }
 done
 echo

@@ -7,9 +7,6 @@
 // [KT t, KT t + KT)) is loaded once into shared memory (cp.async, 16-byte chunks, swizzled) for all the block's heads
 // and rows: GQA shares the loads 6 ways. K and V have one buffer each; V(t) loads while S = Q K(t)^T
 // runs, K(t+1) while O += P V(t) runs (two phases per tile, as FlashAttention-2).
-// Two kernels (QFLASH_ATTN_PREFILL, default v1): attn_prefill_kernel (v1) as above, and
-// attn_prefill_pair_kernel (v2, v2s), which gives each 16-row unit two warps that split the key
-// n-tiles of S and the output columns: the same bits, fewer registers, twice the warps per SM.
 //
 // Arithmetic. mma.sync m16n8k16 bf16 x bf16 -> fp32. K and V are bf16 in the cache (exact
 // operands). The fp32 queries and the fp32 probabilities are each split into two bf16 pieces,
@@ -28,8 +25,6 @@
 // an update with zero weights), so the same row in a call that starts elsewhere or has another M
 // walks the same tiles with the same operands and produces the same bits.
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -58,69 +53,6 @@ struct PrefillGeom {
 template <int HD>
 __device__ __forceinline__ int swz(int r, int c) {
   return r * (HD / 8) + (c ^ (r & 7));
-}
-
-// One key tile's online-softmax step for a thread's two rows (a: mma fragment row lane / 4, b: that
-// + 8), each only where the tile meets its key range. Both kernels below call it, so the same
-// scores give the same P, alpha, max and sum bits in either. s: the tile's raw scores (NT n-tiles
-// of 8 keys in the mma accumulator layout), scaled in place; kt0: the tile's first key row;
-// ph/pl: P as the A operand of P V (k-step = 16 keys).
-template <int NT>
-__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], int kt0, int lane, float scale_log2, int lo_a,
-                                             int hi_a, int lo_b, int hi_b, float& max_a, float& max_b, float& sum_a,
-                                             float& sum_b, bool& act_a, bool& act_b, float& alpha_a, float& alpha_b,
-                                             uint32_t (&ph)[NT / 2][4], uint32_t (&pl)[NT / 2][4]) {
-  constexpr int KT = NT * 8;
-  act_a = kt0 < hi_a && kt0 + KT > lo_a;
-  act_b = kt0 < hi_b && kt0 + KT > lo_b;
-#pragma unroll
-  for (int n = 0; n < NT; n++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) s[n][e] = __fmul_rn(s[n][e], scale_log2);
-  // Masking only where the tile is not wholly visible to both rows (the diagonal, the window edge).
-  if (!(kt0 >= lo_a && kt0 + KT <= hi_a && kt0 >= lo_b && kt0 + KT <= hi_b)) {
-#pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int j = kt0 + n * 8 + 2 * (lane & 3) + (e & 1);
-        const bool vis = e < 2 ? (j >= lo_a && j < hi_a) : (j >= lo_b && j < hi_b);
-        if (!vis) s[n][e] = -INFINITY;
-      }
-  }
-  float tmax_a = -INFINITY, tmax_b = -INFINITY;
-#pragma unroll
-  for (int n = 0; n < NT; n++) {
-    tmax_a = fmaxf(tmax_a, fmaxf(s[n][0], s[n][1]));
-    tmax_b = fmaxf(tmax_b, fmaxf(s[n][2], s[n][3]));
-  }
-  tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 1));
-  tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 2));
-  tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 1));
-  tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 2));
-  const float nmax_a = fmaxf(max_a, tmax_a), nmax_b = fmaxf(max_b, tmax_b);
-  alpha_a = act_a ? exp2f(__fsub_rn(max_a, nmax_a)) : 1.0f;  // 0 on a row's first tile
-  alpha_b = act_b ? exp2f(__fsub_rn(max_b, nmax_b)) : 1.0f;
-  float psum_a = 0.0f, psum_b = 0.0f;
-#pragma unroll
-  for (int n = 0; n < NT; n++) {
-    const float p0 = act_a ? exp2f(__fsub_rn(s[n][0], nmax_a)) : 0.0f;
-    const float p1 = act_a ? exp2f(__fsub_rn(s[n][1], nmax_a)) : 0.0f;
-    const float p2 = act_b ? exp2f(__fsub_rn(s[n][2], nmax_b)) : 0.0f;
-    const float p3 = act_b ? exp2f(__fsub_rn(s[n][3], nmax_b)) : 0.0f;
-    psum_a = __fadd_rn(__fadd_rn(psum_a, p0), p1);
-    psum_b = __fadd_rn(__fadd_rn(psum_b, p2), p3);
-    split_bf16x2(p0, p1, ph[n / 2][(n & 1) * 2], pl[n / 2][(n & 1) * 2]);
-    split_bf16x2(p2, p3, ph[n / 2][(n & 1) * 2 + 1], pl[n / 2][(n & 1) * 2 + 1]);
-  }
-  if (act_a) {
-    sum_a = __fadd_rn(__fmul_rn(sum_a, alpha_a), psum_a);
-    max_a = nmax_a;
-  }
-  if (act_b) {
-    sum_b = __fadd_rn(__fmul_rn(sum_b, alpha_b), psum_b);
-    max_b = nmax_b;
-  }
 }
 
 template <int HD>
@@ -244,11 +176,58 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     }
 
     // Online softmax, per row, only where this tile meets the row's key range.
-    bool act_a, act_b;
-    float alpha_a, alpha_b;
+    const int kt0 = t * KT;
+    const bool act_a = kt0 < hi_a && kt0 + KT > lo_a;
+    const bool act_b = kt0 < hi_b && kt0 + KT > lo_b;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[n][e] = __fmul_rn(s[n][e], G.scale_log2);
+    // Masking only where the tile is not wholly visible to both rows (the diagonal, the window edge).
+    if (!(kt0 >= lo_a && kt0 + KT <= hi_a && kt0 >= lo_b && kt0 + KT <= hi_b)) {
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int j = kt0 + n * 8 + 2 * (lane & 3) + (e & 1);
+          const bool vis = e < 2 ? (j >= lo_a && j < hi_a) : (j >= lo_b && j < hi_b);
+          if (!vis) s[n][e] = -INFINITY;
+        }
+    }
+    float tmax_a = -INFINITY, tmax_b = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      tmax_a = fmaxf(tmax_a, fmaxf(s[n][0], s[n][1]));
+      tmax_b = fmaxf(tmax_b, fmaxf(s[n][2], s[n][3]));
+    }
+    tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 1));
+    tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 2));
+    tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 1));
+    tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 2));
+    const float nmax_a = fmaxf(max_a, tmax_a), nmax_b = fmaxf(max_b, tmax_b);
+    const float alpha_a = act_a ? exp2f(__fsub_rn(max_a, nmax_a)) : 1.0f;  // 0 on a row's first tile
+    const float alpha_b = act_b ? exp2f(__fsub_rn(max_b, nmax_b)) : 1.0f;
     uint32_t ph[NT / 2][4], pl[NT / 2][4];  // P as the A operand of P V: k-step = 16 keys
-    softmax_tile<NT>(s, t * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b, act_a, act_b,
-                     alpha_a, alpha_b, ph, pl);
+    float psum_a = 0.0f, psum_b = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      const float p0 = act_a ? exp2f(__fsub_rn(s[n][0], nmax_a)) : 0.0f;
+      const float p1 = act_a ? exp2f(__fsub_rn(s[n][1], nmax_a)) : 0.0f;
+      const float p2 = act_b ? exp2f(__fsub_rn(s[n][2], nmax_b)) : 0.0f;
+      const float p3 = act_b ? exp2f(__fsub_rn(s[n][3], nmax_b)) : 0.0f;
+      psum_a = __fadd_rn(__fadd_rn(psum_a, p0), p1);
+      psum_b = __fadd_rn(__fadd_rn(psum_b, p2), p3);
+      split_bf16x2(p0, p1, ph[n / 2][(n & 1) * 2], pl[n / 2][(n & 1) * 2]);
+      split_bf16x2(p2, p3, ph[n / 2][(n & 1) * 2 + 1], pl[n / 2][(n & 1) * 2 + 1]);
+    }
+    if (act_a) {
+      sum_a = __fadd_rn(__fmul_rn(sum_a, alpha_a), psum_a);
+      max_a = nmax_a;
+    }
+    if (act_b) {
+      sum_b = __fadd_rn(__fmul_rn(sum_b, alpha_b), psum_b);
+      max_b = nmax_b;
+    }
 
     cp_async_wait<0>();  // V(t)
     __syncthreads();     // and every warp is done with K(t)
@@ -311,250 +290,6 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   }
 }
 
-// v2 (QFLASH_ATTN_PREFILL=v2 / v2s): the same per-row arithmetic as attn_prefill_kernel with two
-// warps per 16-row unit (one head's 16 query rows) instead of one. The v1 warp holds the unit's
-// whole 16 x HD output (128 fp32 registers at HD 256), which caps it at 255 registers and so at 8
-// warps per SM; the SM ran 6 and was latency-bound. Here warp half h of a unit:
-//  - computes the scores of key n-tiles [h NT/2, h NT/2 + NT/2) over all of head_dim, each element
-//    with v1's accumulation chain (k-steps in order, Q's hi then lo piece into one accumulator),
-//  - hands them to its partner through shared memory (a named barrier for the two warps), so
-//    both warps hold the tile's full score fragment, bit for bit v1's, and run softmax_tile on it
-//    (computed twice: more instructions per unit, but no tensor-core or K/V fragment work),
-//  - accumulates output columns [h HD/2, h HD/2 + HD/2): P V from zero per 16 columns over the
-//    key k-steps in v1's order, then v1's fmaf(acc, alpha, P V).
-// A row's bits are therefore v1's by construction (only which warp computes an element changes)
-// and inherit its row-invariance. Cost: each warp still reads all of Q's fragments (the scores of
-// any key need every k-step), so shared-memory reads per unit and tile grow from 48 to 64 KB
-// (+ 2 KB of scores), against twice the warps per SM to hide the mma/ldmatrix latencies.
-// Register cap: launch bounds of 12 warps (168 registers), so 12 warps per SM either as one block
-// of 6 units (v2: the 27B's 6 heads x 16 rows, 140 KB of shared memory) or two of 3 (v2s: 86 KB each).
-constexpr int kPairMaxUnits = 6;
-
-// Named barrier 1 + unit for the two warps of a unit (0 is __syncthreads). The id is an immediate
-// in each case: with an id in a register ptxas reserves all 16 hardware barriers for the block,
-// which may keep a second block (v2s) off the SM.
-template <int ID>
-__device__ __forceinline__ void bar_sync64() {
-  asm volatile("bar.sync %0, 64;\n" ::"n"(ID) : "memory");
-}
-__device__ __forceinline__ void unit_sync(int unit) {
-  static_assert(kPairMaxUnits == 6, "one case per unit");
-  switch (unit) {
-    case 0: bar_sync64<1>(); break;
-    case 1: bar_sync64<2>(); break;
-    case 2: bar_sync64<3>(); break;
-    case 3: bar_sync64<4>(); break;
-    case 4: bar_sync64<5>(); break;
-    default: bar_sync64<6>(); break;
-  }
-}
-
-template <int HD>
-__global__ void __launch_bounds__(kPairMaxUnits * 64, 1)
-    attn_prefill_pair_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K,
-                             const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
-                             const StepMeta* meta) {
-  constexpr int CH = HD / 8;   // 16-byte chunks per row
-  constexpr int KS = HD / 16;  // k-steps of Q K^T
-  constexpr int KT = key_tile<HD>();
-  constexpr int NT = KT / 8;
-  constexpr int NPH = HD / 32;  // 16-column output groups per warp
-  static_assert(NT % 4 == 0, "each warp's score n-tiles come in ldmatrix pairs");
-  static_assert(NPH % 4 == 0 || NPH == 2, "v_half below splits np = npb + j into XOR and offset parts");
-  pdl_trigger();
-  pdl_wait();
-  extern __shared__ __align__(128) uint4 smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int unit = warp >> 1, half = warp & 1, units = blockDim.x >> 6;
-  uint4* sK = smem;                              // [KT][HD]
-  uint4* sV = sK + KT * CH;                      // [KT][HD]
-  uint4* sQ = sV + KT * CH + unit * 2 * 16 * CH;  // this unit: hi [16][HD], then lo [16][HD]
-  // this unit's scores: [NT][32 lanes] float4, a lane's fragment of n-tile n at [n][lane]
-  float4* sS = reinterpret_cast<float4*>(sV + KT * CH + units * 2 * 16 * CH) + unit * NT * 32;
-
-  const int qt = G.n_qtiles - 1 - static_cast<int>(blockIdx.x);  // longest causal rows first
-  const int m0 = qt * G.bq;
-  const int pw = G.bq / 16;
-  const int h = blockIdx.y * G.hb + unit / pw;
-  const int g = h / G.group;
-  const int mw = m0 + 16 * (unit % pw);  // the unit's first query row
-
-  const int m_last = min(m0 + G.bq, G.M) - 1;
-  int blo, bhi, tmp_lo, tmp_hi;
-  attn_visible_range<true>(meta, m0, G.causal, G.window, &blo, &tmp_hi);
-  attn_visible_range<true>(meta, m_last, G.causal, G.window, &tmp_lo, &bhi);
-  const int t_begin = blo / KT, t_end = bhi > blo ? (bhi + KT - 1) / KT : t_begin;
-
-  const int ra = mw + (lane >> 2), rb = ra + 8;
-  int lo_a, hi_a, lo_b, hi_b;
-  attn_visible_range<true>(meta, ra, G.causal, G.window, &lo_a, &hi_a);
-  attn_visible_range<true>(meta, rb, G.causal, G.window, &lo_b, &hi_b);
-  if (ra >= G.M) hi_a = lo_a;
-  if (rb >= G.M) hi_b = lo_b;
-
-  const size_t kv_off = static_cast<size_t>(g) * HD;
-  auto load_tile = [&](uint4* dst, const uint16_t* src, int t) {
-    const uint32_t base = smem_u32(dst);
-    for (int i = threadIdx.x; i < KT * CH; i += blockDim.x) {
-      const int r = i / CH, c = i % CH;
-      const int j = t * KT + r;
-      const bool ok = j < meta->n_kv;
-      const uint16_t* p = src + (ok ? static_cast<size_t>(j) * G.kvw + kv_off + c * 8 : 0);
-      cp_async16(base + swz<HD>(r, c) * 16, p, ok ? 16 : 0);
-    }
-  };
-  if (t_end > t_begin) {
-    load_tile(sK, K, t_begin);
-    cp_async_commit();
-  }
-
-  // Queries -> hi/lo bf16 in shared memory, the unit's two warps a half each (the first tile's
-  // __syncthreads orders these stores before any read).
-  for (int i = half * 32 + lane; i < 16 * CH; i += 64) {
-    const int r = i / CH, c = i % CH;
-    const int m = mw + r;
-    float x[8];
-    if (m < G.M) {
-      const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + h) * HD + c * 8);
-      const float4 u = src[0], v = src[1];
-      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++) x[e] = 0.0f;
-    }
-    uint4 hi, lo;
-    split_bf16x2(x[0], x[1], hi.x, lo.x);
-    split_bf16x2(x[2], x[3], hi.y, lo.y);
-    split_bf16x2(x[4], x[5], hi.z, lo.z);
-    split_bf16x2(x[6], x[7], hi.w, lo.w);
-    sQ[swz<HD>(r, c)] = hi;
-    sQ[16 * CH + swz<HD>(r, c)] = lo;
-  }
-
-  float acc[HD / 16][4];  // output columns half * HD / 2 + [0, HD / 2)
-#pragma unroll
-  for (int n = 0; n < HD / 16; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
-
-  // ldmatrix lane addresses as in v1. This warp's keys start at row half * KT / 2 of the K tile;
-  // its first output group npb = half * NPH splits into the XOR part (npb & 3) and the 128-byte
-  // offset (npb >> 2), so np = npb + j for j < NPH is ((npb & 3) ^ (j & 3), (npb >> 2) + (j >> 2))
-  // (no carry: npb is a multiple of 4, or NPH = 2 and npb is 0 or 2).
-  const int r8 = lane & 7, mi = lane >> 3;
-  constexpr int RB = CH * 16;
-  const int npb = half * NPH;
-  const uint32_t q_lane = smem_u32(sQ) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4);
-  const uint32_t k_half = smem_u32(sK) + ((mi >> 1) * 8 + r8) * RB + (((mi & 1) ^ r8) << 4) + half * (KT / 2) * RB;
-  const uint32_t v_half =
-      ((smem_u32(sV) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4)) ^ ((npb & 3) << 5)) + (npb >> 2) * 128;
-
-  for (int t = t_begin; t < t_end; t++) {
-    load_tile(sV, V, t);
-    cp_async_commit();
-    cp_async_wait<1>();  // K(t)
-    __syncthreads();
-
-    // This warp's half of S = Q K^T: n-tiles half * NT / 2 + [0, NT / 2), v1's chain per element.
-    float sh[NT / 2][4];
-#pragma unroll
-    for (int n = 0; n < NT / 2; n++) sh[n][0] = sh[n][1] = sh[n][2] = sh[n][3] = 0.0f;
-#pragma unroll 4
-    for (int ks = 0; ks < KS; ks++) {
-      uint32_t ah[4], al[4];
-      const uint32_t qa = (q_lane ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
-      ldsm_x4(qa, ah);
-      ldsm_x4(qa + 16 * RB, al);
-      const uint32_t ka = (k_half ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
-#pragma unroll
-      for (int np = 0; np < NT / 4; np++) {
-        uint32_t b[4];
-        ldsm_x4(ka + np * 16 * RB, b);
-        mma_bf16_16816(sh[2 * np], ah, b[0], b[1]);
-        mma_bf16_16816(sh[2 * np], al, b[0], b[1]);
-        mma_bf16_16816(sh[2 * np + 1], ah, b[2], b[3]);
-        mma_bf16_16816(sh[2 * np + 1], al, b[2], b[3]);
-      }
-    }
-    // Both halves to shared memory, then each warp reads the whole tile back (its own half
-    // included: a register array indexed by the run-time half would go to local memory).
-#pragma unroll
-    for (int n = 0; n < NT / 2; n++)
-      sS[(half * (NT / 2) + n) * 32 + lane] = make_float4(sh[n][0], sh[n][1], sh[n][2], sh[n][3]);
-    unit_sync(unit);
-    float s[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-      const float4 v = sS[n * 32 + lane];
-      s[n][0] = v.x, s[n][1] = v.y, s[n][2] = v.z, s[n][3] = v.w;
-    }
-
-    bool act_a, act_b;
-    float alpha_a, alpha_b;
-    uint32_t ph[NT / 2][4], pl[NT / 2][4];
-    softmax_tile<NT>(s, t * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b, act_a, act_b,
-                     alpha_a, alpha_b, ph, pl);
-
-    cp_async_wait<0>();  // V(t)
-    __syncthreads();     // every warp is done with K(t) and with reading this tile's scores
-    if (t + 1 < t_end) {
-      load_tile(sK, K, t + 1);
-      cp_async_commit();
-    }
-
-    // O = alpha O + P V(t) on this warp's columns, v1's order per element.
-#pragma unroll
-    for (int j = 0; j < NPH; j++) {
-      float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-      const uint32_t va = (v_half ^ ((j & 3) << 5)) + (j >> 2) * 128;
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; kk++) {
-        uint32_t b[4];
-        ldsm_x4_t(va + kk * 16 * RB, b);
-        mma_bf16_16816(o[0], ph[kk], b[0], b[1]);
-        mma_bf16_16816(o[0], pl[kk], b[0], b[1]);
-        mma_bf16_16816(o[1], ph[kk], b[2], b[3]);
-        mma_bf16_16816(o[1], pl[kk], b[2], b[3]);
-      }
-#pragma unroll
-      for (int x = 0; x < 2; x++) {
-        float* a = acc[2 * j + x];
-        if (act_a) {
-          a[0] = fmaf(a[0], alpha_a, o[x][0]);
-          a[1] = fmaf(a[1], alpha_a, o[x][1]);
-        }
-        if (act_b) {
-          a[2] = fmaf(a[2], alpha_b, o[x][2]);
-          a[3] = fmaf(a[3], alpha_b, o[x][3]);
-        }
-      }
-    }
-    __syncthreads();  // every warp is done with V(t) before V(t+1) lands
-  }
-
-  // Both warps of a unit hold the same sums (the same softmax on the same scores).
-  sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 1));
-  sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 2));
-  sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 1));
-  sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 2));
-  const int col = half * (HD / 2) + 2 * (lane & 3);
-  if (ra < G.M) {
-    float* o = out + (static_cast<size_t>(ra) * G.n_heads + h) * HD + col;
-    const bool any = hi_a > lo_a;
-#pragma unroll
-    for (int n = 0; n < HD / 16; n++)
-      *reinterpret_cast<float2*>(o + n * 8) =
-          any ? make_float2(__fdiv_rn(acc[n][0], sum_a), __fdiv_rn(acc[n][1], sum_a)) : make_float2(0.0f, 0.0f);
-  }
-  if (rb < G.M) {
-    float* o = out + (static_cast<size_t>(rb) * G.n_heads + h) * HD + col;
-    const bool any = hi_b > lo_b;
-#pragma unroll
-    for (int n = 0; n < HD / 16; n++)
-      *reinterpret_cast<float2*>(o + n * 8) =
-          any ? make_float2(__fdiv_rn(acc[n][2], sum_b), __fdiv_rn(acc[n][3], sum_b)) : make_float2(0.0f, 0.0f);
-  }
-}
-
 template <int HD>
 void launch_prefill(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
                     const StepMeta* meta, cudaStream_t st) {
@@ -571,72 +306,27 @@ void launch_prefill(const float* q, const uint16_t* K, const uint16_t* V, float*
   QF_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
 }
 
-template <int HD>
-void launch_prefill_pair(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
-                         const StepMeta* meta, cudaStream_t st) {
-  const int units = G.hb * (G.bq / 16);
-  constexpr int KT = key_tile<HD>();
-  const size_t smem = (2 * KT + static_cast<size_t>(units) * 32) * HD * sizeof(uint16_t) +
-                      static_cast<size_t>(units) * (KT / 8) * 32 * sizeof(float4);
-  static size_t smem_set = 0;
-  if (smem > smem_set) {
-    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_pair_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
-    // v2s wants two blocks per SM: ask for the largest shared-memory carveout, not the default split.
-    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_pair_kernel<HD>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                       static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-    smem_set = smem;
-  }
-  launch_k(attn_prefill_pair_kernel<HD>, dim3(G.n_qtiles, G.n_heads / G.hb), dim3(units * 64), smem, st, q, K, V,
-           out, G, meta);
-  QF_CUDA_LAUNCH_CHECK("attn_prefill_pair_kernel");
-}
-
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
-
-// QFLASH_ATTN_PREFILL=v2 or v2s: the two-warps-per-unit kernel in blocks of up to 6 or 3 units;
-// anything else (or unset) v1. Read once per process: an A/B switch until the H200 has timed both.
-int prefill_variant_env() {
-  static const int v = [] {
-    const char* e = std::getenv("QFLASH_ATTN_PREFILL");
-    if (e && std::strcmp(e, "v2") == 0) return kPrefillV2;
-    if (e && std::strcmp(e, "v2s") == 0) return kPrefillV2s;
-    return kPrefillV1;
-  }();
-  return v;
-}
 
 }  // namespace
 
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
-                       const StepMeta* meta, cudaStream_t st, int variant) {
+                       const StepMeta* meta, cudaStream_t st) {
   if (M <= 0 || p.n_heads <= 0) return true;
   if (p.kv_dtype != DType::BF16) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
   if (!aligned16(q) || !aligned16(K) || !aligned16(V) || !aligned16(out)) return false;
   if (p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0)
     backend_fail("cuda attention_prefill: %d heads not a multiple of %d kv heads", p.n_heads, p.n_kv_heads);
-  if (variant == 0) variant = prefill_variant_env();
-  // Units (16 query rows of one head) per block: HB heads of the kv group x BQ / 16 row bands,
-  // HB the largest divisor of the group size <= the cap (so a block never straddles two groups).
-  const int cap = variant == kPrefillV2 ? kPairMaxUnits : variant == kPrefillV2s ? kPairMaxUnits / 2 : kMaxWarps;
   PrefillGeom G;
   attn_common_geom(G, p, M);
   G.hb = 1;
-  for (int d = 1; d <= cap && d <= G.group; d++)
+  for (int d = 1; d <= kMaxWarps && d <= G.group; d++)
     if (G.group % d == 0) G.hb = d;
-  G.bq = 16 * (cap / G.hb > 1 ? cap / G.hb : 1);
+  G.bq = 16 * (kMaxWarps / G.hb > 1 ? kMaxWarps / G.hb : 1);
   G.n_qtiles = (M + G.bq - 1) / G.bq;
   const auto* k16 = static_cast<const uint16_t*>(K);
   const auto* v16 = static_cast<const uint16_t*>(V);
-  if (variant == kPrefillV2 || variant == kPrefillV2s) {
-    switch (p.head_dim) {
-      case 64: launch_prefill_pair<64>(q, k16, v16, out, G, meta, st); break;
-      case 128: launch_prefill_pair<128>(q, k16, v16, out, G, meta, st); break;
-      default: launch_prefill_pair<256>(q, k16, v16, out, G, meta, st); break;
-    }
-    return true;
-  }
   switch (p.head_dim) {
     case 64: launch_prefill<64>(q, k16, v16, out, G, meta, st); break;
     case 128: launch_prefill<128>(q, k16, v16, out, G, meta, st); break;

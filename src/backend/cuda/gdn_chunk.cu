@@ -23,9 +23,10 @@
 //     (once per key head), then for each value head of the key head the gates, A and Aqk, and
 //     both forward substitutions, one thread per column of W or U with the column in registers.
 //     Writes the intermediates (GdnChunkScratch, gdn_chunk.h).
-//     QFLASH_GDN_PREP=v2 runs gdn_chunk_prep2_kernel instead (same grid, same intermediates within
-//     rounding): the Gram products and a blocked forward substitution on split-tf32 mma (its
-//     comment says what changes and why).
+//     The default is gdn_chunk_prep2_kernel (same grid, same intermediates within rounding): the
+//     Gram products and a blocked forward substitution on split-tf32 mma (its comment says what
+//     changes and why); 22% faster on the 27B shape and closer to the float64 reference.
+//     QFLASH_GDN_PREP=v1 runs the scalar form above (an A/B switch for one more device run).
 //  2. gdn_chunk_tail_kernel: the new conv tail (the last K-1 raw rows of [tail | rows]).
 //  3. gdn_chunk_recur_kernel, grid (value head, 32-row block of d_v), sequential over chunks.
 //     Rows of S are independent (row i of Delta needs only row i of S0), so a block keeps its 32
@@ -794,12 +795,13 @@ int recur_warps_env() {
   return w;
 }
 
-// QFLASH_GDN_PREP=v2: the tensor-core parallel stage (gdn_chunk_prep2_kernel) instead of v1 (an A/B
-// switch while v2 is unmeasured; read once per process).
+// The tensor-core parallel stage (gdn_chunk_prep2_kernel) by default since the 2026-12-06 device run
+// (docs/experiments/prefill_kernels.md); QFLASH_GDN_PREP=v1 selects the scalar stage (an A/B switch;
+// read once per process).
 int prep_env() {
   static const int v = [] {
     const char* e = std::getenv("QFLASH_GDN_PREP");
-    return e && std::strcmp(e, "v2") == 0 ? 2 : 1;
+    return e && std::strcmp(e, "v1") == 0 ? 1 : 2;
   }();
   return v;
 }

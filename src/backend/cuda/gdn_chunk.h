@@ -37,8 +37,8 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* scratch
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
                  cudaStream_t st, int recur_warps = 0, int prep = 0);
-// The parallel stage a call with this prep argument runs: prep if nonzero, else 2 where
-// QFLASH_GDN_PREP=v2 (read once per process), else 1.
+// The parallel stage a call with this prep argument runs: prep if nonzero, else 1 where
+// QFLASH_GDN_PREP=v1 (read once per process), else 2.
 int gdn_prep_version(int prep = 0);
 
 }  // namespace qf::cuda

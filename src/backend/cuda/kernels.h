@@ -108,12 +108,9 @@ void attention(const float* q, const void* K, const void* V, float* out, int M, 
 // Causal (or windowed) attention for many query rows on the tensor cores, K/V in bf16: see the
 // file's header for the tiling and why a row's bits never depend on M. Returns false (nothing
 // launched) where the kernel does not apply (fp32 K/V, a head_dim other than 64/128/256): the
-// caller runs attention() instead. variant: kPrefillV1 (one warp per 16 rows of a head),
-// kPrefillV2 / kPrefillV2s (two warps per 16 rows, blocks of up to 6 / 3 of them; the same bits
-// as v1 by construction, see the file), 0 = the QFLASH_ATTN_PREFILL switch (v1, v2, v2s; default v1).
-enum PrefillVariant : int { kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV2 = 2, kPrefillV2s = 3 };
+// caller runs attention() instead.
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
-                       const StepMeta* meta, cudaStream_t st, int variant = kPrefillEnv);
+                       const StepMeta* meta, cudaStream_t st);
 
 // ---- gated DeltaNet (gdn.cu) ----------------------------------------------------------------
 size_t gdn_scratch_floats(const GdnDims& d, int M);
