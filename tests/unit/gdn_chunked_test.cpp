@@ -701,12 +701,11 @@ TEST(CudaGdnChunked, WarpCountsAgreeBitForBit) {
 // at the scale where a quantity enters the outputs, max(max|ref|, unit): decays, beta <= 1 and
 // unit keys bound e^G, e^(G_L - G), W and k by 1, and Aqk and q by d_k^-0.5 (under strong decay
 // the largest e^G of a tensor can be a float denormal, whose relative precision means nothing).
-// v2 (prep 2) evaluates the Gram products and most of the substitution on split-tf32 tensor cores:
+// The kernel evaluates the Gram products and most of the substitution on split-tf32 tensor cores:
 // its products carry the GPU's unit roundoff u = 2^-20 of tolerance_gpu (see the CUDA section's
-// first comment) in the same formula; v1 is plain fp32 (u = 2^-24).
-void parallel_stage_matches_formulas(Backend* G, int prep) {
-  const int v = cuda::gdn_prep_version(prep);
-  const double u = std::ldexp(1.0, v == 2 ? -20 : -24);
+// first comment) in the same formula.
+void parallel_stage_matches_formulas(Backend* G) {
+  const double u = std::ldexp(1.0, -20);
   for (const GdnDims& d : {dims(2, 6, 64, 64, 4), dims(1, 2, 32, 64, 2), dims(16, 48, 128, 128, 4)})
     for (Decay k : {Decay::Weak, Decay::Mixed, Decay::Strong}) {
       const int M = 100, nc = (M + kC - 1) / kC;
@@ -720,7 +719,7 @@ void parallel_stage_matches_formulas(Backend* G, int prep) {
       cudaStream_t cs = nullptr;
       ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
       cuda::gdn_chunked(di.mixed.f(), di.alpha.f(), di.beta.f(), di.conv.f(), di.A_log.f(), di.dt.f(), d, st.f(), y.f(),
-                        M, scr.f(), cs, 0, prep);
+                        M, scr.f(), cs);
       ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
       cudaStreamDestroy(cs);
       const auto h = down(G, scr, nsc);
@@ -729,7 +728,7 @@ void parallel_stage_matches_formulas(Backend* G, int prep) {
       const double qunit = 1.0 / std::sqrt(static_cast<double>(d.d_k));
       for (int c = 0; c < nc; c++) {
         const ChunkTerms ct = chunk_terms(in, c * kC, std::min(kC, M - c * kC));
-        const std::string tag = tag_of(d, M, k) + " prep v" + std::to_string(v) + " chunk " + std::to_string(c);
+        const std::string tag = tag_of(d, M, k) + " chunk " + std::to_string(c);
         auto check = [&](const char* what, const float* base, const std::vector<double>& ref, double unit) {
           const float* got = h.data() + (base - scr.f()) + static_cast<size_t>(c) * ref.size();
           double mx = unit, err = 0;
@@ -758,21 +757,16 @@ void parallel_stage_matches_formulas(Backend* G, int prep) {
 
 TEST(CudaGdnChunked, ParallelStageMatchesFormulas) {
   NEED_GPU();
-  parallel_stage_matches_formulas(G, 0);  // the stage QFLASH_GDN_PREP selects
+  parallel_stage_matches_formulas(G);
 }
 
-TEST(CudaGdnChunked, PrepV2ParallelStageMatchesFormulas) {
-  NEED_GPU();
-  parallel_stage_matches_formulas(G, 2);
-}
-
-// One gdn_chunked call on the device with an explicit parallel stage (prep 1 or 2): y, the state
+// One gdn_chunked call on the device: y, the state
 // blob and the scratch intermediates, from a fresh copy of the inputs' state (or `state0`), rows
 // [r0, r1) of the inputs.
 struct PrepRun {
   std::vector<float> y, state, scratch;
 };
-PrepRun run_prep(Backend* G, const Inputs& in, const DevInputs& di, int prep, int r0, int r1,
+PrepRun run_prep(Backend* G, const Inputs& in, const DevInputs& di, int r0, int r1,
                  const std::vector<float>* state0 = nullptr) {
   const GdnDims& d = in.d;
   const int M = r1 - r0;
@@ -785,24 +779,20 @@ PrepRun run_prep(Backend* G, const Inputs& in, const DevInputs& di, int prep, in
   cudaStream_t cs = nullptr;
   EXPECT_EQ(cudaSuccess, cudaStreamCreate(&cs));
   cuda::gdn_chunked(di.mixed.f() + r0 * C, di.alpha.f() + r0 * Hv, di.beta.f() + r0 * Hv, di.conv.f(), di.A_log.f(),
-                    di.dt.f(), d, st.f(), y.f(), M, scr.f(), cs, 0, prep);
+                    di.dt.f(), d, st.f(), y.f(), M, scr.f(), cs);
   EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
   cudaStreamDestroy(cs);
   return {down(G, y, ny), down(G, st, d.state_floats()), down(G, scr, nsc)};
 }
 
-// The parallel stage v2 (QFLASH_GDN_PREP=v2) against v1 on the same inputs, whatever the
-// environment selects: 27B heads, the small test models' shapes and d_k < d_v; M not a multiple
-// of 64; a nonzero state and conv tail carried in; weak, mixed and strong decay.
-//  - qn, kn, e^G and e^(G_L - G) come from v1's code in v2: the same bits.
-//  - W, U, Aqk: structural zeros (rows past the call's last row, Aqk above the diagonal) exactly 0
-//    in v2, and v2 within the two stages' parallel-stage tolerances of v1 (each is within its own
-//    of the double formulas: parallel_stage_matches_formulas).
-//  - y and S: v2 against the double reference (tolerance_gpu), the CPU twin (tolerance_gpu +
-//    tolerance) and v1 (twice tolerance_gpu); the conv tail bit for bit.
-//  - split invariance of v2 itself: the rows in pieces cut at multiples of 64 give the same bits.
-// Prints the worst error / tolerance of each stage against the reference (for the experiment log).
-TEST(CudaGdnChunked, PrepV2MatchesV1AndCpuTwin) {
+// The whole chunked form on the 27B heads, the small test models' shapes and d_k < d_v; M not a
+// multiple of 64; a nonzero state and conv tail carried in; weak, mixed and strong decay:
+//  - W, U, Aqk: structural zeros (rows past the call's last row, Aqk above the diagonal) exactly 0;
+//  - y and S against the double reference (tolerance_gpu) and the CPU twin (tolerance_gpu +
+//    tolerance); the conv tail bit for bit against the CPU twin;
+//  - split invariance: the rows in pieces cut at multiples of 64 give the same bits.
+// Prints the worst error / tolerance against the reference (for the experiment log).
+TEST(CudaGdnChunked, MatchesReferenceAndCpuTwinWithStateCarriedIn) {
   NEED_GPU();
   struct Case {
     GdnDims d;
@@ -813,7 +803,7 @@ TEST(CudaGdnChunked, PrepV2MatchesV1AndCpuTwin) {
                                    {dims(1, 2, 32, 64, 2), 130},
                                    {dims(2, 4, 96, 32, 3), 100},
                                    {dims(2, 2, 32, 128, 4), 70}};
-  double worst[2] = {0, 0};
+  double worst = 0;
   for (const Case& cs : cases)
     for (Decay k : {Decay::Weak, Decay::Mixed, Decay::Strong}) {
       const GdnDims& d = cs.d;
@@ -822,54 +812,31 @@ TEST(CudaGdnChunked, PrepV2MatchesV1AndCpuTwin) {
       const Inputs in = make_inputs(d, M, k, 4000 + M, 0.5f);
       const std::string tag = tag_of(d, M, k);
       DevInputs di(G, in);
-      const PrepRun r1 = run_prep(G, in, di, 1, 0, M), r2 = run_prep(G, in, di, 2, 0, M);
-      for (float v : r2.y) ASSERT_FALSE(std::isnan(v)) << tag << ": v2 left an output unwritten";
-      // intermediates
-      // offsets of the scratch parts: the layout over the host copy's base pointer
-      const size_t nsc = r1.scratch.size();
-      float* base = const_cast<float*>(r1.scratch.data());
+      const PrepRun r = run_prep(G, in, di, 0, M);
+      for (float v : r.y) ASSERT_FALSE(std::isnan(v)) << tag << ": an output was left unwritten";
+      // structural zeros of the intermediates (offsets of the scratch parts over the host copy)
+      float* base = const_cast<float*>(r.scratch.data());
       const cuda::GdnChunkScratch lay = cuda::gdn_chunk_scratch_layout(d, M, base);
       auto at = [&](const float* p) { return static_cast<size_t>(p - base); };
-      ASSERT_EQ(nsc, r2.scratch.size());
-      const size_t Hk = d.n_k_heads, Hv = d.n_v_heads, rows = static_cast<size_t>(nc) * kC;
-      struct Part {
-        const char* what;
-        size_t off, n;
-      };
-      for (const Part& pt : {Part{"qn", at(lay.qn), rows * Hk * d.d_k}, Part{"kn", at(lay.kn), rows * Hk * d.d_k},
-                             Part{"e^G", at(lay.eg), rows * Hv}, Part{"e^(G_L - G)", at(lay.er), rows * Hv}})
-        ASSERT_EQ(0, std::memcmp(r1.scratch.data() + pt.off, r2.scratch.data() + pt.off, pt.n * sizeof(float)))
-            << tag << ": " << pt.what << " differs between v1 and v2";
-      const double n = d.d_k + kC, u1 = std::ldexp(1.0, -24), u2 = std::ldexp(1.0, -20);
-      const double tol_par = 2 * n * u1 / (1 - n * u1) + 2 * n * u2 / (1 - n * u2);
-      const double qunit = 1.0 / std::sqrt(static_cast<double>(d.d_k));
+      const size_t Hv = d.n_v_heads;
       struct Mat {
         const char* what;
         size_t off;
-        int cols;      // per (chunk, value head) a [64][cols] matrix
-        bool lower;    // zero above the diagonal
-        double unit;   // scale floor (ParallelStage test)
+        int cols;    // per (chunk, value head) a [64][cols] matrix
+        bool lower;  // zero above the diagonal
       };
-      for (const Mat& mt : {Mat{"W", at(lay.w), d.d_k, false, 1.0}, Mat{"U", at(lay.u), d.d_v, false, 0.0},
-                            Mat{"Aqk", at(lay.aqk), kC, true, qunit}})
+      for (const Mat& mt : {Mat{"W", at(lay.w), d.d_k, false}, Mat{"U", at(lay.u), d.d_v, false},
+                            Mat{"Aqk", at(lay.aqk), kC, true}})
         for (int c = 0; c < nc; c++) {
           const int L = std::min(kC, M - c * kC);
-          const size_t base = mt.off + static_cast<size_t>(c) * Hv * kC * mt.cols;
-          double mx = mt.unit, err = 0;
+          const size_t cb = mt.off + static_cast<size_t>(c) * Hv * kC * mt.cols;
           for (size_t h = 0; h < Hv; h++)
             for (int t = 0; t < kC; t++)
-              for (int s = 0; s < mt.cols; s++) {
-                const size_t e = base + (h * kC + t) * mt.cols + s;
-                const float a = r1.scratch[e], b = r2.scratch[e];
-                if (t >= L || (mt.lower && s > t)) {
-                  ASSERT_EQ(0.0f, b) << tag << " " << mt.what << " chunk " << c << " head " << h << " (" << t << ", " << s
-                                     << ") must be 0 in v2";
-                }
-                mx = std::max(mx, std::fabs(static_cast<double>(a)));
-                const double df = std::fabs(static_cast<double>(a) - b);
-                err = std::isnan(df) ? INFINITY : std::max(err, df);
-              }
-          EXPECT_LE(err, tol_par * mx) << tag << " " << mt.what << " chunk " << c << ": v2 vs v1 " << err << ", scale " << mx;
+              for (int s = 0; s < mt.cols; s++)
+                if (t >= L || (mt.lower && s > t))
+                  ASSERT_EQ(0.0f, r.scratch[cb + (h * kC + t) * mt.cols + s])
+                      << tag << " " << mt.what << " chunk " << c << " head " << h << " (" << t << ", " << s
+                      << ") must be 0";
         }
       // outputs
       std::vector<double> s_ref = widen(in.state), y_ref;
@@ -877,35 +844,30 @@ TEST(CudaGdnChunked, PrepV2MatchesV1AndCpuTwin) {
       std::vector<float> s_cpu, y_cpu;
       run_cpu(CPU.get(), in, true, s_cpu, y_cpu);
       const double tg = tolerance_gpu(d, M), tc = tolerance(d, M);
-      const Errs e1 = errs_vs(r1.y, r1.state, y_ref, s_ref, d, tag + " v1");
-      const Errs e2 = errs_vs(r2.y, r2.state, y_ref, s_ref, d, tag + " v2");
-      worst[0] = std::max({worst[0], e1.y / tg, e1.s / tg});
-      worst[1] = std::max({worst[1], e2.y / tg, e2.s / tg});
-      EXPECT_LE(e2.y, tg) << tag << " v2 y vs reference";
-      EXPECT_LE(e2.s, tg) << tag << " v2 state vs reference";
-      const std::vector<double> yc = widen(y_cpu), sc = widen(s_cpu), y1 = widen(r1.y), s1 = widen(r1.state);
-      EXPECT_LE(rel_err(r2.y.data(), yc, 0, yc.size()), tg + tc) << tag << " v2 y vs CPU twin";
-      EXPECT_LE(rel_err(r2.state.data(), sc, 0, d.s_floats()), tg + tc) << tag << " v2 state vs CPU twin";
-      EXPECT_LE(rel_err(r2.y.data(), y1, 0, y1.size()), 2 * tg) << tag << " v2 y vs v1";
-      EXPECT_LE(rel_err(r2.state.data(), s1, 0, d.s_floats()), 2 * tg) << tag << " v2 state vs v1";
-      ASSERT_EQ(0, std::memcmp(r1.state.data() + d.s_floats(), r2.state.data() + d.s_floats(),
+      const Errs e = errs_vs(r.y, r.state, y_ref, s_ref, d, tag);
+      worst = std::max({worst, e.y / tg, e.s / tg});
+      EXPECT_LE(e.y, tg) << tag << " y vs reference";
+      EXPECT_LE(e.s, tg) << tag << " state vs reference";
+      const std::vector<double> yc = widen(y_cpu), sc = widen(s_cpu);
+      EXPECT_LE(rel_err(r.y.data(), yc, 0, yc.size()), tg + tc) << tag << " y vs CPU twin";
+      EXPECT_LE(rel_err(r.state.data(), sc, 0, d.s_floats()), tg + tc) << tag << " state vs CPU twin";
+      ASSERT_EQ(0, std::memcmp(s_cpu.data() + d.s_floats(), r.state.data() + d.s_floats(),
                                (d.state_floats() - d.s_floats()) * sizeof(float)))
-          << tag << ": conv tail";
-      // split invariance of v2: [0, 64) then [64, M), and [0, 128) then [128, M) where M > 128
+          << tag << ": conv tail vs CPU twin";
+      // split invariance: [0, 64) then [64, M), and [0, 128) then [128, M) where M > 128
       for (int cut : {64, 128}) {
         if (cut >= M) continue;
-        const PrepRun a = run_prep(G, in, di, 2, 0, cut);
-        const PrepRun b = run_prep(G, in, di, 2, cut, M, &a.state);
+        const PrepRun a = run_prep(G, in, di, 0, cut);
+        const PrepRun b = run_prep(G, in, di, cut, M, &a.state);
         const size_t VD = d.value_dim();
-        ASSERT_EQ(0, std::memcmp(a.y.data(), r2.y.data(), a.y.size() * sizeof(float))) << tag << " cut " << cut << ": y";
-        ASSERT_EQ(0, std::memcmp(b.y.data(), r2.y.data() + cut * VD, b.y.size() * sizeof(float)))
+        ASSERT_EQ(0, std::memcmp(a.y.data(), r.y.data(), a.y.size() * sizeof(float))) << tag << " cut " << cut << ": y";
+        ASSERT_EQ(0, std::memcmp(b.y.data(), r.y.data() + cut * VD, b.y.size() * sizeof(float)))
             << tag << " cut " << cut << ": y after the cut";
-        ASSERT_EQ(0, std::memcmp(b.state.data(), r2.state.data(), b.state.size() * sizeof(float)))
+        ASSERT_EQ(0, std::memcmp(b.state.data(), r.state.data(), b.state.size() * sizeof(float)))
             << tag << " cut " << cut << ": state";
       }
     }
-  std::printf("[ PrepV2 ] worst error / tolerance_gpu vs the double reference over y and S: v1 %.3g, v2 %.3g\n",
-              worst[0], worst[1]);
+  std::printf("[ GdnChunked ] worst error / tolerance_gpu vs the double reference over y and S: %.3g\n", worst);
 }
 
 #endif  // QFLASH_HAVE_CUDA

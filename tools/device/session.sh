@@ -36,9 +36,6 @@
 #             decode step and verify ratios at that context
 #   prefill128 (not default) the 27B prefill at 128k tokens (needs the chunked attention/GDN ops)
 #   gdnbench  (not default) qflash_gdn_bench: one 27B GDN layer, chunked, at 4k/8k/32k rows
-#   gdnab     (not default) the chunked GDN's parallel stage v2 (QFLASH_GDN_PREP=v2, issue 12): its
-#             tests (CudaGdnChunked.* with v2 selected, Op/GdnChunked*_cuda under v2), then
-#             qflash_gdn_bench at 4k/8k/32k rows and the 8k 27B prefill, each under v1 and v2
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
 #   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
 #   adaptive  (not default) --draft-k auto (issue 15): the controller's tests on cuda, then the 27B
@@ -227,26 +224,9 @@ for mk in 2 4; do
     --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
     --json "$LOG/adaptive_mtp$mk.json"
 done
-# Prefill kernels and long prompts (issue 12): the chunked-GDN kernels v2 against v1 (bit
-# identity and time on the 27B shapes), HF parity of the prefill on 2,100-token prompts.
+# Prefill kernels and long prompts (issue 12): one chunked GDN layer's time on the 27B shapes,
+# HF parity of the prefill on 2,100-token prompts.
 want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
-# Parallel stage v1 vs v2 of the chunked GDN (QFLASH_GDN_PREP, issue 12): correctness under v2
-# first (the v1/v2 comparison test runs both stages whatever the switch says), then the same
-# timings under each.
-if want gdnab; then
-  QFLASH_GDN_PREP=v2 step gdnab_tests 150 gtest "$BIN/qflash_tests" \
-    --gtest_filter='CudaGdnChunked.*:Op/GdnChunked*_cuda:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda' --gtest_color=no
-  grep -h '\[ PrepV2 \]' "$LOG/gdnab_tests.log" 2>/dev/null
-  for pv in v1 v2; do
-    QFLASH_GDN_PREP=$pv step "gdnab_bench_$pv" 60 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
-  done
-  for pv in v1 v2; do
-    QFLASH_GDN_PREP=$pv step "gdnab_8k_$pv" 120 plain "$BIN/qflash" bench --device cuda \
-      --synthetic tests/fixtures/configs/qwen38_27b/config.json \
-      --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
-      --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 3 --json "$LOG/gdnab_8k_$pv.json"
-  done
-fi
 want parity && step parity 150 gtest "$BIN/qflash_tests" \
   --gtest_filter='Fixtures/LongPromptParity.*cuda*' --gtest_color=no
 # Prefill diagnosis (issue 12): the long-prompt parity cases of the micro model on cpu and cuda
@@ -324,7 +304,7 @@ for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/$(basename "$j" .js
 tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
 for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/bench27q4s.log "$LOG"/bench27q4l.log \
-         "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/gdnab_bench_v1.log "$LOG"/gdnab_bench_v2.log "$LOG"/gdnab_8k_v1.log "$LOG"/gdnab_8k_v2.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/adaptiveprose.log "$LOG"/adaptivemtp2.log "$LOG"/adaptivemtp4.log "$LOG"/adaptivet08.log "$LOG"/gemv.log "$LOG"/sweep.log \
+         "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/adaptiveprose.log "$LOG"/adaptivemtp2.log "$LOG"/adaptivemtp4.log "$LOG"/adaptivet08.log "$LOG"/gemv.log "$LOG"/sweep.log \
          "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/lab_q4.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
          "$LOG"/prefill32k.log "$LOG"/prefill128k.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }

@@ -20,13 +20,13 @@
 // Kernels, in stream order:
 //  1. gdn_chunk_prep_kernel, grid (key head, chunk), all chunks in parallel: conv + SiLU of the
 //     chunk's q and k channels over [tail | rows], l2 norms, the Gram products K K^T and Q K^T
-//     (once per key head), then for each value head of the key head the gates, A and Aqk, and
-//     both forward substitutions, one thread per column of W or U with the column in registers.
-//     Writes the intermediates (GdnChunkScratch, gdn_chunk.h).
-//     The default is gdn_chunk_prep2_kernel (same grid, same intermediates within rounding): the
-//     Gram products and a blocked forward substitution on split-tf32 mma (its comment says what
-//     changes and why); 22% faster on the 27B shape and closer to the float64 reference.
-//     QFLASH_GDN_PREP=v1 runs the scalar form above (an A/B switch for one more device run).
+//     (once per key head, on split-tf32 mma), then for each value head of the key head the gates,
+//     A and Aqk, and one blocked forward substitution for [W | U] (split-tf32 mma between the
+//     16-row blocks, one thread per column inside a block). Writes the intermediates
+//     (GdnChunkScratch, gdn_chunk.h). Its first form ran the Gram products as scalar FMAs and one
+//     64-step substitution per column; the tensor-core form measured 22% faster and closer to the
+//     float64 reference (docs/experiments/prefill_kernels.md, "GDN prep v2"), and the scalar form
+//     was removed.
 //  2. gdn_chunk_tail_kernel: the new conv tail (the last K-1 raw rows of [tail | rows]).
 //  3. gdn_chunk_recur_kernel, grid (value head, 32-row block of d_v), sequential over chunks.
 //     Rows of S are independent (row i of Delta needs only row i of S0), so a block keeps its 32
@@ -56,7 +56,6 @@ namespace {
 using namespace gdn_detail;  // kC, kMaxD, kRows, RecArgs, the split-tf32 products
 constexpr int kConvMax = 8;
 constexpr int kPrepThreads = 2 * kMaxD;  // threads [0, d_k) solve columns of W, [128, 128 + d_v) of U
-constexpr int kLdG = kC + 1;             // Gram rows in shared memory
 constexpr int kLdA = kC + 4;             // A rows: 16-byte aligned for float4 broadcasts
 constexpr int kPrepHead = 5 * kC;        // G (double) + beta + beta e^G + pad, in floats
 
@@ -101,178 +100,18 @@ __device__ __forceinline__ void conv_rows(const PrepArgs& a, int ch, int m0, int
   }
 }
 
-// Two blocks per SM cap the kernel at 128 registers, so the substitution's column spills (244
-// bytes a thread); one block per SM keeps it in registers and measured no faster
-// (docs/experiments/prefill_kernels.md).
-__global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const PrepArgs a) {
-  pdl_trigger();
-  pdl_wait();
-  extern __shared__ __align__(16) float smem[];
-  const int kh = blockIdx.x, c = blockIdx.y, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int dk = a.dk, dv = a.dv, ldq = dk + 1;
-  const int m0 = c * kC, L = min(kC, a.M - m0);
-  double* Gs = reinterpret_cast<double*>(smem);  // [64] cumulative log-decay
-  float* bes = smem + 2 * kC;                    // [64] beta
-  float* bgs = bes + kC;                         // [64] beta e^G
-  float* Qs = smem + kPrepHead;                  // [64, ldq]
-  float* Ks = Qs + kC * ldq;                     // [64, ldq]
-  float* KK = Ks + kC * ldq;                     // [64, kLdG] k_t . k_s
-  float* QK = KK + kC * kLdG;                    // [64, kLdG] q_t . k_s
-  float* As = ldq >= kLdA ? Qs : QK + kC * kLdG;  // [64, kLdA]; takes Q's place once Q is used
-
-  if (tid < 2 * dk) {
-    const bool isk = tid >= dk;
-    const int j = isk ? tid - dk : tid;
-    float* dst = (isk ? Ks : Qs) + j;
-    conv_rows(a, (isk ? a.key_dim : 0) + kh * dk + j, m0, L, [&](int t, float u) { dst[t * ldq] = u; });
-  }
-  __syncthreads();
-  // l2 norms (gdn_rows' expressions; q also * d_k^-0.5), one warp per row
-  for (int r = warp; r < 2 * kC; r += kPrepThreads / 32) {
-    const bool isk = r >= kC;
-    const int t = isk ? r - kC : r;
-    float* p = (isk ? Ks : Qs) + t * ldq;
-    float ss = 0.0f;
-    for (int j = lane; j < dk; j += 32) ss = fmaf(p[j], p[j], ss);
-    ss = warp_sum(ss);
-    const float inv = gdn_inv_norm(ss, a.eps);
-    float* dst = (isk ? a.sc.kn : a.sc.qn) + ((static_cast<size_t>(c) * a.Hk + kh) * kC + t) * dk;
-    for (int j = lane; j < dk; j += 32) {
-      const float v = isk ? __fmul_rn(p[j], inv) : __fmul_rn(__fmul_rn(p[j], inv), a.qscale);
-      p[j] = v;
-      dst[j] = v;
-    }
-  }
-  __syncthreads();
-  // Gram products: thread (ty, tx) owns rows t = ty + 16i and columns s = tx + 16b
-  const int tx = tid & 15, ty = tid >> 4;
-  {
-    float kk[4][4], qk[4][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-      for (int b = 0; b < 4; b++) kk[i][b] = qk[i][b] = 0.0f;
-#pragma unroll 4
-    for (int j = 0; j < dk; j++) {
-      float kt[4], qt[4], ks[4];
-#pragma unroll
-      for (int i = 0; i < 4; i++) {
-        kt[i] = Ks[(ty + 16 * i) * ldq + j];
-        qt[i] = Qs[(ty + 16 * i) * ldq + j];
-        ks[i] = Ks[(tx + 16 * i) * ldq + j];
-      }
-#pragma unroll
-      for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int b = 0; b < 4; b++) {
-          kk[i][b] = fmaf(kt[i], ks[b], kk[i][b]);
-          qk[i][b] = fmaf(qt[i], ks[b], qk[i][b]);
-        }
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-      for (int b = 0; b < 4; b++) {
-        KK[(ty + 16 * i) * kLdG + tx + 16 * b] = kk[i][b];
-        QK[(ty + 16 * i) * kLdG + tx + 16 * b] = qk[i][b];
-      }
-  }
-  __syncthreads();
-
-  for (int r = 0; r < a.ratio; r++) {
-    const int hv = kh * a.ratio + r;
-    const size_t hc = static_cast<size_t>(c) * a.Hv + hv;
-    if (tid < kC) {
-      float gam = 0.0f, beta = 0.0f;
-      if (tid < L) {
-        const size_t row = static_cast<size_t>(m0 + tid) * a.Hv + hv;
-        gam = gdn_log_decay(-expf(a.A_log[hv]), a.alpha[row], a.dt_bias[hv]);
-        beta = sigmoid_f(a.beta_in[row]);
-      }
-      Gs[tid] = static_cast<double>(gam);
-      bes[tid] = beta;
-    }
-    __syncthreads();
-    if (tid == 0) {
-      double s = 0.0;
-      for (int t = 0; t < kC; t++) {
-        s += Gs[t];
-        Gs[t] = s;
-      }
-    }
-    __syncthreads();
-    if (tid < kC) {
-      const float eg = tid < L ? expf(static_cast<float>(Gs[tid])) : 0.0f;
-      const float er = tid < L ? expf(static_cast<float>(Gs[L - 1] - Gs[tid])) : 0.0f;
-      bgs[tid] = __fmul_rn(bes[tid], eg);
-      a.sc.eg[hc * kC + tid] = eg;
-      a.sc.er[hc * kC + tid] = er;
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-      for (int b = 0; b < 4; b++) {
-        const int t = ty + 16 * i, s = tx + 16 * b;
-        float aqk = 0.0f, av = 0.0f;
-        if (t < L && s <= t) {
-          const float D = expf(static_cast<float>(Gs[t] - Gs[s]));
-          aqk = __fmul_rn(D, QK[t * kLdG + s]);
-          if (s < t) av = __fmul_rn(bes[t], __fmul_rn(D, KK[t * kLdG + s]));
-        }
-        As[t * kLdA + s] = av;
-        a.sc.aqk[(hc * kC + t) * kC + s] = aqk;
-      }
-    __syncthreads();
-    // (I + A) X = RHS by forward substitution, one column per thread
-    const bool isw = tid < dk, isu = tid >= kMaxD && tid - kMaxD < dv;
-    if (isw || isu) {
-      float x[kC];
-      if (isw) {
-#pragma unroll
-        for (int t = 0; t < kC; t++) x[t] = __fmul_rn(bgs[t], Ks[t * ldq + tid]);
-      } else {
-        conv_rows(a, 2 * a.key_dim + hv * dv + (tid - kMaxD), m0, L,
-                  [&](int t, float u) { x[t] = __fmul_rn(bes[t], u); });
-      }
-#pragma unroll
-      for (int t = 1; t < kC; t++) {
-        const float* At = As + t * kLdA;
-        float acc = x[t];
-#pragma unroll
-        for (int s = 0; s < t; s += 4) {
-          const float4 a4 = *reinterpret_cast<const float4*>(At + s);
-          acc = fmaf(-a4.x, x[s], acc);
-          if (s + 1 < t) acc = fmaf(-a4.y, x[s + 1], acc);
-          if (s + 2 < t) acc = fmaf(-a4.z, x[s + 2], acc);
-          if (s + 3 < t) acc = fmaf(-a4.w, x[s + 3], acc);
-        }
-        x[t] = acc;
-      }
-      float* dst = isw ? a.sc.w + hc * kC * dk + tid : a.sc.u + hc * kC * dv + (tid - kMaxD);
-      const int ld = isw ? dk : dv;
-#pragma unroll
-      for (int t = 0; t < kC; t++) dst[t * ld] = x[t];
-    }
-    __syncthreads();
-  }
-}
-
-// ---- 1b. parallel stage, v2 (QFLASH_GDN_PREP=v2) ------------------------------------------------
-// The same intermediates as gdn_chunk_prep_kernel from the same formulas; what changes is how the
-// two costly parts are evaluated (run 27: that kernel is latency-bound at 25% occupancy, and two
-// parts make up most of each warp's instruction stream):
+// ---- 1b. parallel stage: what the tensor-core form changes --------------------------------------
+// Run 27 found the scalar form latency-bound at 25% occupancy, with two parts making up most of a
+// warp's instruction stream; this kernel evaluates both on the tensor cores:
 //  - Gram products K K^T and Q K^T on split-tf32 mma (mma3: about fp32 accuracy), only the 16x8
-//    tiles on or below the diagonal (20 of 32 per product), 5 tiles a warp; v1 ran them as 64x64x128
-//    scalar FMAs, ~5.6k instructions a warp.
+//    tiles on or below the diagonal (20 of 32 per product), 5 tiles a warp (scalar: 64x64x128 FMAs,
+//    ~5.6k instructions a warp).
 //  - (I + A) [W | U] = [diag(beta e^G) K | diag(beta) V] as one blocked forward substitution over
 //    four 16-row blocks: block i first subtracts A[i, <i] X[<i] (split-tf32 mma, all 8 warps, the
 //    columns of W and U side by side), then a 16-step substitution inside the block, one thread per
-//    column. v1 ran one 64-step substitution per column: a chain of 2,016 dependent FMAs a thread with
-//    the column in (spilling) registers, and the V conv on only the U half of the threads.
-// The conv, the norms, the gates, e^G and A / Aqk from the Gram values use v1's code, so qn, kn, eg
-// and er equal v1's bits; A, Aqk, W and U differ by the rounding of the reordered sums (tests:
-// CudaGdnChunked.PrepV2*). Every value is a function of the chunk's rows alone, as in v1, so split
-// invariance holds the same way.
+//    column (scalar: a chain of 2,016 dependent FMAs a thread with the column in spilling registers).
+// Every value is a function of the chunk's rows alone, so split invariance holds (tests:
+// CudaGdnChunked.*).
 constexpr int kLdM = kC + 1;  // Gram rows in shared memory (both products in one array)
 constexpr int kBlk = 16;      // rows of a diagonal block of the blocked substitution
 
@@ -305,7 +144,7 @@ __device__ __forceinline__ void conv_rows_from(const PrepArgs& a, int ch, int m0
   }
 }
 
-__global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep2_kernel(const PrepArgs a) {
+__global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const PrepArgs a) {
   pdl_trigger();
   pdl_wait();
   extern __shared__ __align__(16) float smem[];
@@ -332,7 +171,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep2_kernel(const 
     conv_rows(a, (isk ? a.key_dim : 0) + kh * dk + j, m0, L, [&](int t, float u) { dst[t * ldk] = u; });
   }
   __syncthreads();
-  // l2 norms: v1's code and order
+  // l2 norms
   for (int r = warp; r < 2 * kC; r += kPrepThreads / 32) {
     const bool isk = r >= kC;
     const int t = isk ? r - kC : r;
@@ -422,7 +261,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep2_kernel(const 
       }
     }
     // U's right-hand side beta_t v_t into X's columns dk.., v = conv + SiLU of this head's value
-    // channels: one item = a channel and 16 rows, spread over all threads (v1: one thread a channel)
+    // channels: one item = a channel and 16 rows, spread over all threads
     for (int it = tid; it < dv * (kC / kBlk); it += kPrepThreads) {
       const int j = it % dv, t0 = kBlk * (it / dv);
       float* dst = Xs + dk + j;
@@ -437,7 +276,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep2_kernel(const 
       a.sc.eg[hc * kC + tid] = eg;
       a.sc.er[hc * kC + tid] = er;
     }
-    // A and Aqk: v1's expressions on this kernel's Gram values
+    // A and Aqk from the Gram values
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
@@ -795,32 +634,13 @@ int recur_warps_env() {
   return w;
 }
 
-// The tensor-core parallel stage (gdn_chunk_prep2_kernel) by default since the 2026-12-06 device run
-// (docs/experiments/prefill_kernels.md); QFLASH_GDN_PREP=v1 selects the scalar stage (an A/B switch;
-// read once per process).
-int prep_env() {
-  static const int v = [] {
-    const char* e = std::getenv("QFLASH_GDN_PREP");
-    return e && std::strcmp(e, "v1") == 0 ? 1 : 2;
-  }();
-  return v;
-}
-
-// v2: head, X (which first holds Q and K), the Gram array and A.
-size_t prep2_smem_bytes(int dk, int dv) {
+// Shared memory: head, X (which first holds Q and K), the Gram array and A.
+size_t prep_smem_bytes(int dk, int dv) {
   const int ldk = dk + 4, ldx = dk + dv + 8;
   return static_cast<size_t>(kPrepHead + kC * std::max(2 * ldk, ldx) + kC * kLdM + kC * kLdA) * sizeof(float);
 }
 
-size_t prep_smem_bytes(int dk) {
-  const int ldq = dk + 1;
-  return static_cast<size_t>(kPrepHead + 2 * kC * ldq + 2 * kC * kLdG + (ldq >= kLdA ? 0 : kC * kLdA)) *
-         sizeof(float);
-}
-
 }  // namespace
-
-int gdn_prep_version(int prep) { return prep ? prep : prep_env(); }
 
 bool gdn_chunk_supported(const GdnDims& d) {
   return d.d_k > 0 && d.d_k <= kMaxD && d.d_k % 32 == 0 && d.d_v > 0 && d.d_v <= kMaxD && d.d_v % kRows == 0 &&
@@ -848,9 +668,8 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* p) {
 
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st, int recur_warps, int prep) {
+                 cudaStream_t st, int recur_warps) {
   if (M <= 0) return;
-  if (prep != 0 && prep != 1 && prep != 2) backend_fail("cuda gdn_chunked: parallel stage v%d (1 or 2)", prep);
   if (recur_warps != 0 && recur_warps != 4 && recur_warps != 8)
     backend_fail("cuda gdn_chunked: %d warps per recurrence block (4 or 8)", recur_warps);
   if (!gdn_chunk_supported(d))
@@ -869,17 +688,10 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   pa.sc = gdn_chunk_scratch_layout(d, M, scratch);
   pa.K = d.conv_kernel;
   pa.Hk = d.n_k_heads;
-  // The largest prep footprint (d_k = d_v = 128) is allowed once per device and kernel.
-  if (gdn_prep_version(prep) == 2) {
-    static std::atomic<uint64_t> prep2_set{0};
-    allow_smem(gdn_chunk_prep2_kernel, prep2_smem_bytes(kMaxD, kMaxD), prep2_set);
-    launch_k(gdn_chunk_prep2_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), prep2_smem_bytes(d.d_k, d.d_v), st,
-             pa);
-  } else {
-    static std::atomic<uint64_t> prep_set{0};
-    allow_smem(gdn_chunk_prep_kernel, prep_smem_bytes(kMaxD), prep_set);
-    launch_k(gdn_chunk_prep_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), prep_smem_bytes(d.d_k), st, pa);
-  }
+  // The largest prep footprint (d_k = d_v = 128) is allowed once per device.
+  static std::atomic<uint64_t> prep_set{0};
+  allow_smem(gdn_chunk_prep_kernel, prep_smem_bytes(kMaxD, kMaxD), prep_set);
+  launch_k(gdn_chunk_prep_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), prep_smem_bytes(d.d_k, d.d_v), st, pa);
   QF_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
   if (d.conv_kernel > 1) {
     launch_k(gdn_chunk_tail_kernel, dim3((C + 255) / 256), dim3(256), 0, st, mixed, tail, C, d.conv_kernel, M);

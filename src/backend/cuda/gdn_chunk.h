@@ -31,14 +31,8 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* scratch
 // Backend::gdn_chunked for a supported shape; scratch holds gdn_chunk_scratch_floats(d, M).
 // recur_warps: warps per block of the sequential stage, 4 or 8 (the same bits either way; 8 is
 // taken only where d_k is a multiple of 64); 0 = QFLASH_GDN_WARPS, else 8.
-// prep: the parallel stage's kernel, 1 (scalar Gram products, one 64-step substitution per column)
-// or 2 (Gram and blocked substitution on split-tf32 tensor cores; the same intermediates within
-// rounding); 0 = gdn_prep_version(0).
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st, int recur_warps = 0, int prep = 0);
-// The parallel stage a call with this prep argument runs: prep if nonzero, else 1 where
-// QFLASH_GDN_PREP=v1 (read once per process), else 2.
-int gdn_prep_version(int prep = 0);
+                 cudaStream_t st, int recur_warps = 0);
 
 }  // namespace qf::cuda
