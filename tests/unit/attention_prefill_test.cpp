@@ -19,6 +19,12 @@
 #include "backend/backend.h"
 #include "core/dtype.h"
 
+#ifdef QFLASH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/kernels.h"
+#endif
+
 namespace qf {
 namespace {
 
@@ -388,6 +394,66 @@ TEST(CudaAttentionPrefill, RowAndSplitInvariantBitForBit) {
         ASSERT_EQ(0, std::memcmp(part.data() + (m - a) * rowf, all.data() + m * rowf, rowf * 4))
             << tag << " row " << m << " of the call [" << a << ", " << b << ")";
     }
+  }
+}
+
+// The prefill kernel's v3 (QFLASH_ATTN_PREFILL=v3: two key tiles per double-buffered stage, see
+// attention_prefill.cu) computes each element with v1's operations in v1's order, so the outputs
+// must be equal byte for byte: the 27B's head_dim 256 with 6 q heads per kv head, the small models'
+// shapes, calls that start mid-prompt (keys already cached, an offset buffer), row counts that are
+// no multiple of a block's rows, tile counts odd and even (a stage half outside the block's keys),
+// windows, non-causal. Outputs start as NaN, so a row v3 fails to write shows up as a difference.
+TEST(CudaAttentionPrefill, V3MatchesV1BitForBit) {
+  NEED_GPU();
+  (void)C;
+  const PrefillCase cases[] = {
+      {24, 4, 256, true, 0, 0, 300, 0},       // the 27B's layer, a prompt from position 0
+      {24, 4, 256, true, 0, 1000, 77, 0},     // a later chunk after 1000 cached keys
+      {24, 4, 256, true, 0, 37, 1100, 3},     // ragged start, offset buffer, many key tiles
+      {24, 4, 256, true, 0, 0, 1, 0},         // one row
+      {24, 4, 256, true, 0, 31, 66, 0},       // the first row's keys end inside a stage's second tile
+      {24, 4, 256, true, 96, 500, 200, 0},    // sliding window at head_dim 256: stages start mid-range
+      {4, 2, 64, true, 0, 0, 150, 0},         // the tiny/demo targets' attention
+      {4, 2, 64, true, 64, 300, 130, 0},      // the same with a 64-key sliding window
+      {6, 2, 128, true, 0, 70, 333, 0},       // group 3, head_dim 128
+      {32, 8, 128, true, 2048, 2100, 90, 0},  // group 4, head_dim 128, window edge inside the keys
+      {2, 1, 64, true, 0, 3, 77, 5},          // group 2, kv_pos0 5
+      {4, 2, 64, false, 9, 22, 30, 78},       // non-causal window (the drafter's geometry)
+      {8, 8, 128, false, 0, 130, 40, 0},      // non-causal, MHA
+  };
+  for (const PrefillCase& c : cases) {
+    const AttnParams p = params(c.nh, c.nkv, c.hd, c.causal, c.window, DType::BF16);
+    const std::string tag = "nh=" + std::to_string(c.nh) + " nkv=" + std::to_string(c.nkv) +
+                            " hd=" + std::to_string(c.hd) + " past=" + std::to_string(c.past) +
+                            " M=" + std::to_string(c.M) + " window=" + std::to_string(c.window) + (c.causal ? "" : " non-causal");
+    // every shape above has its own v3 kernel (none falls back to v1, which would pass trivially)
+    ASSERT_TRUE(cuda::attention_prefill_v3_applies(p)) << tag;
+    const int kvw = c.nkv * c.hd, nkeys = c.past + c.M;
+    const uint64_t seed = 41 + static_cast<uint64_t>(c.nh) * 7 + c.M;
+    const auto Kh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed, 1.5f));
+    const auto Vh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed + 1));
+    // wide scores: many probabilities underflow to 0, rows with one dominant key
+    const auto q = randv(static_cast<size_t>(c.M) * c.nh * c.hd, seed + 2, 2.0f);
+    const StepMeta meta{c.kv_pos0 + c.past, c.kv_pos0, nkeys, 0};
+    DeviceBuffer dK = up(G, Kh), dV = up(G, Vh), dq = up(G, q), dm = up(G, std::vector<StepMeta>{meta});
+    std::vector<std::vector<float>> outs;
+    for (int variant : {cuda::kPrefillV1, cuda::kPrefillV3}) {
+      DeviceBuffer dout(G, q.size() * 4);
+      poison(G, dout.get(), dout.bytes());
+      G->sync();
+      cudaStream_t cs = nullptr;
+      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+      ASSERT_TRUE(cuda::attention_prefill(dq.f(), dK.get(), dV.get(), dout.f(), c.M, p, dmeta(dm), cs, variant)) << tag;
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs)) << tag << " variant " << variant;
+      cudaStreamDestroy(cs);
+      outs.push_back(down<float>(G, dout.get(), q.size()));
+    }
+    for (size_t i = 0; i < outs[0].size(); i++) ASSERT_FALSE(std::isnan(outs[0][i])) << tag << " v1 element " << i;
+    const size_t rowf = static_cast<size_t>(c.nh) * c.hd;
+    for (size_t i = 0; i < outs[0].size(); i++)
+      ASSERT_EQ(0, std::memcmp(&outs[1][i], &outs[0][i], 4))
+          << tag << ": v3 differs from v1 at row " << i / rowf << " element " << i % rowf << " (" << outs[1][i]
+          << " vs " << outs[0][i] << ")";
   }
 }
 

@@ -24,7 +24,14 @@
 // other rows but that miss [lo, hi) leave the row's state untouched (explicit per-row skip, not
 // an update with zero weights), so the same row in a call that starts elsewhere or has another M
 // walks the same tiles with the same operands and produces the same bits.
+//
+// QFLASH_ATTN_PREFILL=v3 selects attn_prefill_v3_kernel (below): the same operations per element in
+// the same order (so the same bits), two key tiles per double-buffered stage for twice the
+// independent mma chains per warp and half the Q fragment reads (docs/experiments/prefill_kernels.md).
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -290,6 +297,315 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   }
 }
 
+// ---- v3 (QFLASH_ATTN_PREFILL=v3): v1's arithmetic, two key tiles per stage ----------------------
+//
+// The same operations on every output element as v1, in the same order (so the same bits and the
+// same row-invariance argument), scheduled for more independent work per warp. A stage is two of
+// v1's key tiles (tiles 2u and 2u + 1, absolute): K and V of a stage are double-buffered in shared
+// memory (cp.async, the next stage loads while this one computes: one barrier per stage instead of
+// two per tile). Per stage a warp
+//  - computes the scores of both tiles in one pass over head_dim: each Q fragment (hi and lo) is
+//    read once for both tiles, and 2 NT accumulator chains are in flight instead of NT; every score
+//    element is v1's chain (k-steps in order, Q's hi then lo piece into one accumulator);
+//  - runs v1's softmax step for tile 2u, then for tile 2u + 1 (the row state max/sum is updated
+//    tile by tile as in v1; the second tile's probabilities use the max after the first);
+//  - accumulates P V of both tiles per 16 output columns: each tile's P V from zero in v1's order,
+//    then acc = fmaf(acc, alpha_2u, o_2u), then acc = fmaf(acc, alpha_2u+1, o_2u+1): v1's two updates.
+// A tile of the stage that misses a row's key range leaves that row untouched (v1's act flags), so
+// a stage that reaches past the block's range (the first or last one) changes nothing.
+
+// v1's per-tile softmax step on a tile's scores s (16 rows x KT keys of a warp, mma layout): scale,
+// mask, tile max, new max, alpha, P as hi/lo bf16 A fragments, row sums. The same statements as in
+// attn_prefill_kernel (kept there inline; a change to one is a change to both).
+template <int NT>
+struct TileSoftmax {
+  uint32_t ph[NT / 2][4], pl[NT / 2][4];
+  float alpha_a, alpha_b;
+  bool act_a, act_b;
+};
+
+template <int NT>
+__device__ __forceinline__ void softmax_tile_v3(float (&s)[NT][4], int kt0, int lane, float scale_log2, int lo_a,
+                                                int hi_a, int lo_b, int hi_b, float& max_a, float& max_b,
+                                                float& sum_a, float& sum_b, TileSoftmax<NT>& T) {
+  constexpr int KT = NT * 8;
+  T.act_a = kt0 < hi_a && kt0 + KT > lo_a;
+  T.act_b = kt0 < hi_b && kt0 + KT > lo_b;
+  const bool act_a = T.act_a, act_b = T.act_b;
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[n][e] = __fmul_rn(s[n][e], scale_log2);
+  if (!(kt0 >= lo_a && kt0 + KT <= hi_a && kt0 >= lo_b && kt0 + KT <= hi_b)) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = kt0 + n * 8 + 2 * (lane & 3) + (e & 1);
+        const bool vis = e < 2 ? (j >= lo_a && j < hi_a) : (j >= lo_b && j < hi_b);
+        if (!vis) s[n][e] = -INFINITY;
+      }
+  }
+  float tmax_a = -INFINITY, tmax_b = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    tmax_a = fmaxf(tmax_a, fmaxf(s[n][0], s[n][1]));
+    tmax_b = fmaxf(tmax_b, fmaxf(s[n][2], s[n][3]));
+  }
+  tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 1));
+  tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 2));
+  tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 1));
+  tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 2));
+  const float nmax_a = fmaxf(max_a, tmax_a), nmax_b = fmaxf(max_b, tmax_b);
+  T.alpha_a = act_a ? exp2f(__fsub_rn(max_a, nmax_a)) : 1.0f;
+  T.alpha_b = act_b ? exp2f(__fsub_rn(max_b, nmax_b)) : 1.0f;
+  float psum_a = 0.0f, psum_b = 0.0f;
+#pragma unroll
+  for (int n = 0; n < NT; n++) {
+    const float p0 = act_a ? exp2f(__fsub_rn(s[n][0], nmax_a)) : 0.0f;
+    const float p1 = act_a ? exp2f(__fsub_rn(s[n][1], nmax_a)) : 0.0f;
+    const float p2 = act_b ? exp2f(__fsub_rn(s[n][2], nmax_b)) : 0.0f;
+    const float p3 = act_b ? exp2f(__fsub_rn(s[n][3], nmax_b)) : 0.0f;
+    psum_a = __fadd_rn(__fadd_rn(psum_a, p0), p1);
+    psum_b = __fadd_rn(__fadd_rn(psum_b, p2), p3);
+    split_bf16x2(p0, p1, T.ph[n / 2][(n & 1) * 2], T.pl[n / 2][(n & 1) * 2]);
+    split_bf16x2(p2, p3, T.ph[n / 2][(n & 1) * 2 + 1], T.pl[n / 2][(n & 1) * 2 + 1]);
+  }
+  if (act_a) {
+    sum_a = __fadd_rn(__fmul_rn(sum_a, T.alpha_a), psum_a);
+    max_a = nmax_a;
+  }
+  if (act_b) {
+    sum_b = __fadd_rn(__fmul_rn(sum_b, T.alpha_b), psum_b);
+    max_b = nmax_b;
+  }
+}
+
+// Both tiles of a stage for 16 output columns (the two n8 halves a0, a1 of the accumulator): each
+// tile's P V from zero in v1's order (k-steps in order, P's hi then lo piece), the two products side
+// by side (independent mma chains), then v1's update acc = fmaf(acc, alpha, o) for the rows the
+// tile meets, tile 2u first. va0, va1: the ldmatrix lane addresses of the two tiles' first key rows.
+template <int NT>
+__device__ __forceinline__ void pv_stage(float (&a0)[4], float (&a1)[4], const TileSoftmax<NT>& T0,
+                                         const TileSoftmax<NT>& T1, uint32_t va0, uint32_t va1, int RB) {
+  float o[2][2][4];
+#pragma unroll
+  for (int t = 0; t < 2; t++)
+#pragma unroll
+    for (int x = 0; x < 2; x++) o[t][x][0] = o[t][x][1] = o[t][x][2] = o[t][x][3] = 0.0f;
+  uint32_t c0[NT / 2][4], c1[NT / 2][4];
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; kk++) {
+    ldsm_x4_t(va0 + kk * 16 * RB, c0[kk]);
+    ldsm_x4_t(va1 + kk * 16 * RB, c1[kk]);
+  }
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; kk++) {
+    mma_bf16_16816(o[0][0], T0.ph[kk], c0[kk][0], c0[kk][1]);
+    mma_bf16_16816(o[0][1], T0.ph[kk], c0[kk][2], c0[kk][3]);
+    mma_bf16_16816(o[1][0], T1.ph[kk], c1[kk][0], c1[kk][1]);
+    mma_bf16_16816(o[1][1], T1.ph[kk], c1[kk][2], c1[kk][3]);
+    mma_bf16_16816(o[0][0], T0.pl[kk], c0[kk][0], c0[kk][1]);
+    mma_bf16_16816(o[0][1], T0.pl[kk], c0[kk][2], c0[kk][3]);
+    mma_bf16_16816(o[1][0], T1.pl[kk], c1[kk][0], c1[kk][1]);
+    mma_bf16_16816(o[1][1], T1.pl[kk], c1[kk][2], c1[kk][3]);
+  }
+#pragma unroll
+  for (int t = 0; t < 2; t++) {
+    const TileSoftmax<NT>& T = t == 0 ? T0 : T1;
+    if (T.act_a) {
+      a0[0] = fmaf(a0[0], T.alpha_a, o[t][0][0]);
+      a0[1] = fmaf(a0[1], T.alpha_a, o[t][0][1]);
+      a1[0] = fmaf(a1[0], T.alpha_a, o[t][1][0]);
+      a1[1] = fmaf(a1[1], T.alpha_a, o[t][1][1]);
+    }
+    if (T.act_b) {
+      a0[2] = fmaf(a0[2], T.alpha_b, o[t][0][2]);
+      a0[3] = fmaf(a0[3], T.alpha_b, o[t][0][3]);
+      a1[2] = fmaf(a1[2], T.alpha_b, o[t][1][2]);
+      a1[3] = fmaf(a1[3], T.alpha_b, o[t][1][3]);
+    }
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1)
+    attn_prefill_v3_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K,
+                           const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
+                           const StepMeta* meta) {
+  constexpr int CH = HD / 8;
+  constexpr int KS = HD / 16;
+  constexpr int KT = key_tile<HD>();  // v1's tile
+  constexpr int ST = 2 * KT;          // keys per stage
+  constexpr int NT = KT / 8;
+  constexpr int RB = CH * 16;  // bytes per smem row
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ __align__(128) uint4 smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint4* sK = smem;                                  // [2][ST][HD]
+  uint4* sV = sK + 2 * ST * CH;                      // [2][ST][HD]
+  uint4* sQ = sV + 2 * ST * CH + warp * 2 * 16 * CH;  // this warp: hi [16][HD], then lo [16][HD]
+
+  const int qt = G.n_qtiles - 1 - static_cast<int>(blockIdx.x);
+  const int m0 = qt * G.bq;
+  const int pw = G.bq / 16;
+  const int h = blockIdx.y * G.hb + warp / pw;
+  const int g = h / G.group;
+  const int mw = m0 + 16 * (warp % pw);
+
+  const int m_last = min(m0 + G.bq, G.M) - 1;
+  int blo, bhi, tmp_lo, tmp_hi;
+  attn_visible_range<true>(meta, m0, G.causal, G.window, &blo, &tmp_hi);
+  attn_visible_range<true>(meta, m_last, G.causal, G.window, &tmp_lo, &bhi);
+  // v1's tile range [t_begin, t_end), walked as stages u = t / 2
+  const int t_begin = blo / KT, t_end = bhi > blo ? (bhi + KT - 1) / KT : t_begin;
+  const int u_begin = t_begin / 2, u_end = t_end > t_begin ? (t_end + 1) / 2 : u_begin;
+
+  const int ra = mw + (lane >> 2), rb = ra + 8;
+  int lo_a, hi_a, lo_b, hi_b;
+  attn_visible_range<true>(meta, ra, G.causal, G.window, &lo_a, &hi_a);
+  attn_visible_range<true>(meta, rb, G.causal, G.window, &lo_b, &hi_b);
+  if (ra >= G.M) hi_a = lo_a;
+  if (rb >= G.M) hi_b = lo_b;
+
+  // Stage loads: thread t copies 16-byte chunk t % CH of rows t / CH + k (blockDim / CH) (blockDim
+  // is a multiple of 32 and CH divides 32): the chunks v1's loop copies, with the per-thread
+  // column fixed, so a chunk costs a few instructions instead of a division and a remainder.
+  const int n_kv = meta->n_kv;
+  const int lc = threadIdx.x % CH, lr0 = threadIdx.x / CH, lrs = blockDim.x / CH;
+  const uint16_t* kcol = K + static_cast<size_t>(g) * HD + lc * 8;
+  const uint16_t* vcol = V + static_cast<size_t>(g) * HD + lc * 8;
+  auto load_stage = [&](int buf, int u) {
+    const uint32_t kbase = smem_u32(sK + buf * ST * CH), vbase = smem_u32(sV + buf * ST * CH);
+    for (int r = lr0; r < ST; r += lrs) {
+      const int j = u * ST + r;
+      const bool ok = j < n_kv;
+      const size_t off = ok ? static_cast<size_t>(j) * G.kvw : 0;
+      const uint32_t so = swz<HD>(r, lc) * 16;
+      cp_async16(kbase + so, kcol + off, ok ? 16 : 0);
+      cp_async16(vbase + so, vcol + off, ok ? 16 : 0);
+    }
+  };
+  if (u_end > u_begin) {
+    load_stage(0, u_begin);
+    cp_async_commit();
+  }
+
+  for (int i = lane; i < 16 * CH; i += 32) {
+    const int r = i / CH, c = i % CH;
+    const int m = mw + r;
+    float x[8];
+    if (m < G.M) {
+      const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + h) * HD + c * 8);
+      const float4 u = src[0], v = src[1];
+      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) x[e] = 0.0f;
+    }
+    uint4 hi, lo;
+    split_bf16x2(x[0], x[1], hi.x, lo.x);
+    split_bf16x2(x[2], x[3], hi.y, lo.y);
+    split_bf16x2(x[4], x[5], hi.z, lo.z);
+    split_bf16x2(x[6], x[7], hi.w, lo.w);
+    sQ[swz<HD>(r, c)] = hi;
+    sQ[16 * CH + swz<HD>(r, c)] = lo;
+  }
+  __syncwarp();
+
+  float acc[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+
+  const int r8 = lane & 7, mi = lane >> 3;
+  const uint32_t q_lane = smem_u32(sQ) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4);
+  const uint32_t k_lane0 = smem_u32(sK) + ((mi >> 1) * 8 + r8) * RB + (((mi & 1) ^ r8) << 4);
+  const uint32_t v_lane0 = smem_u32(sV) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4);
+
+  for (int u = u_begin; u < u_end; u++) {
+    const int buf = (u - u_begin) & 1;
+    cp_async_wait<0>();  // stage u (this thread's copies)
+    __syncthreads();     // everyone's copies; every warp is done with stage u - 1 (the other buffer)
+    if (u + 1 < u_end) {
+      load_stage(buf ^ 1, u + 1);
+      cp_async_commit();
+    }
+    // buffer offsets are multiples of 128 bytes: the XOR swizzle of the lane address commutes
+    const uint32_t k_lane = k_lane0 + buf * ST * RB, v_lane = v_lane0 + buf * ST * RB;
+
+    // Scores of both tiles: s0 (tile 2u), s1 (tile 2u + 1), v1's chain per element.
+    float s0[NT][4], s1[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s0[n][e] = s1[n][e] = 0.0f;
+#pragma unroll 4
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t ah[4], al[4];
+      const uint32_t qa = (q_lane ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
+      ldsm_x4(qa, ah);
+      ldsm_x4(qa + 16 * RB, al);
+      const uint32_t ka = (k_lane ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
+      uint32_t b0[NT / 2][4], b1[NT / 2][4];
+#pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        ldsm_x4(ka + np * 16 * RB, b0[np]);
+        ldsm_x4(ka + (KT + np * 16) * RB, b1[np]);
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        mma_bf16_16816(s0[2 * np], ah, b0[np][0], b0[np][1]);
+        mma_bf16_16816(s0[2 * np + 1], ah, b0[np][2], b0[np][3]);
+        mma_bf16_16816(s1[2 * np], ah, b1[np][0], b1[np][1]);
+        mma_bf16_16816(s1[2 * np + 1], ah, b1[np][2], b1[np][3]);
+      }
+#pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        mma_bf16_16816(s0[2 * np], al, b0[np][0], b0[np][1]);
+        mma_bf16_16816(s0[2 * np + 1], al, b0[np][2], b0[np][3]);
+        mma_bf16_16816(s1[2 * np], al, b1[np][0], b1[np][1]);
+        mma_bf16_16816(s1[2 * np + 1], al, b1[np][2], b1[np][3]);
+      }
+    }
+
+    TileSoftmax<NT> T0, T1;
+    softmax_tile_v3<NT>(s0, 2 * u * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b, T0);
+    softmax_tile_v3<NT>(s1, (2 * u + 1) * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b,
+                        T1);
+
+    // O = alpha1 (alpha0 O + P0 V0) + P1 V1 per 16 output columns, each P V from zero as in v1.
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+      const uint32_t va = (v_lane ^ ((np & 3) << 5)) + (np >> 2) * 128;
+      pv_stage<NT>(acc[2 * np], acc[2 * np + 1], T0, T1, va, va + KT * RB, RB);
+    }
+  }
+
+  sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 1));
+  sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 2));
+  sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 1));
+  sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 2));
+  const int col = 2 * (lane & 3);
+  if (ra < G.M) {
+    float* o = out + (static_cast<size_t>(ra) * G.n_heads + h) * HD + col;
+    const bool any = hi_a > lo_a;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+      *reinterpret_cast<float2*>(o + n * 8) =
+          any ? make_float2(__fdiv_rn(acc[n][0], sum_a), __fdiv_rn(acc[n][1], sum_a)) : make_float2(0.0f, 0.0f);
+  }
+  if (rb < G.M) {
+    float* o = out + (static_cast<size_t>(rb) * G.n_heads + h) * HD + col;
+    const bool any = hi_b > lo_b;
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++)
+      *reinterpret_cast<float2*>(o + n * 8) =
+          any ? make_float2(__fdiv_rn(acc[n][2], sum_b), __fdiv_rn(acc[n][3], sum_b)) : make_float2(0.0f, 0.0f);
+  }
+}
+
 template <int HD>
 void launch_prefill(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
                     const StepMeta* meta, cudaStream_t st) {
@@ -306,12 +622,74 @@ void launch_prefill(const float* q, const uint16_t* K, const uint16_t* V, float*
   QF_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
 }
 
+// v3's launch: false (nothing launched) where its shared memory (two double-buffered stages of K
+// and V plus the Q pieces) exceeds the device's opt-in limit; the caller runs v1 then.
+// v3's dynamic shared memory: two stages of K and V (2 x 2 v1 tiles each) and the Q pieces.
+size_t prefill_v3_smem(int head_dim, int warps) {
+  const int kt = head_dim == 256 ? key_tile<256>() : key_tile<128>();
+  return (4 * 2 * static_cast<size_t>(kt) + static_cast<size_t>(warps) * 32) * head_dim * sizeof(uint16_t);
+}
+size_t smem_optin() {
+  static const size_t v = [] {
+    int dev = 0, optin = 0;
+    QF_CUDA_CHECK(cudaGetDevice(&dev));
+    QF_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    return static_cast<size_t>(optin);
+  }();
+  return v;
+}
+
+// v3's launch; the caller has checked that its shared memory fits (prefill_v3_smem <= smem_optin).
+template <int HD>
+void launch_prefill_v3(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
+                       const StepMeta* meta, cudaStream_t st) {
+  const int warps = G.hb * (G.bq / 16);
+  const size_t smem = prefill_v3_smem(HD, warps);
+  static size_t smem_set = 0;
+  if (smem > smem_set) {
+    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v3_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
+    smem_set = smem;
+  }
+  launch_k(attn_prefill_v3_kernel<HD>, dim3(G.n_qtiles, G.n_heads / G.hb), dim3(warps * 32), smem, st, q, K, V, out,
+           G, meta);
+  QF_CUDA_LAUNCH_CHECK("attn_prefill_v3_kernel");
+}
+
+// Heads per block (the largest divisor of the group size <= kMaxWarps) and query rows per block.
+void prefill_block_shape(int group, int* hb, int* bq) {
+  *hb = 1;
+  for (int d = 1; d <= kMaxWarps && d <= group; d++)
+    if (group % d == 0) *hb = d;
+  *bq = 16 * (kMaxWarps / *hb > 1 ? kMaxWarps / *hb : 1);
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+// QFLASH_ATTN_PREFILL=v3 selects v3 (read once per process); anything else, or unset, v1.
+int prefill_variant_env() {
+  static const int v = [] {
+    const char* e = std::getenv("QFLASH_ATTN_PREFILL");
+    if (e && std::strcmp(e, "v3") == 0) return static_cast<int>(kPrefillV3);
+    if (e && *e && std::strcmp(e, "v1") != 0)
+      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3); using v1\n", e);
+    return static_cast<int>(kPrefillV1);
+  }();
+  return v;
+}
 
 }  // namespace
 
+bool attention_prefill_v3_applies(const AttnParams& p) {
+  if (p.kv_dtype != DType::BF16 || (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256)) return false;
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0) return false;
+  int hb, bq;
+  prefill_block_shape(p.n_heads / p.n_kv_heads, &hb, &bq);
+  return prefill_v3_smem(p.head_dim, hb * (bq / 16)) <= smem_optin();
+}
+
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
-                       const StepMeta* meta, cudaStream_t st) {
+                       const StepMeta* meta, cudaStream_t st, int variant) {
   if (M <= 0 || p.n_heads <= 0) return true;
   if (p.kv_dtype != DType::BF16) return false;
   if (p.head_dim != 64 && p.head_dim != 128 && p.head_dim != 256) return false;
@@ -320,13 +698,19 @@ bool attention_prefill(const float* q, const void* K, const void* V, float* out,
     backend_fail("cuda attention_prefill: %d heads not a multiple of %d kv heads", p.n_heads, p.n_kv_heads);
   PrefillGeom G;
   attn_common_geom(G, p, M);
-  G.hb = 1;
-  for (int d = 1; d <= kMaxWarps && d <= G.group; d++)
-    if (G.group % d == 0) G.hb = d;
-  G.bq = 16 * (kMaxWarps / G.hb > 1 ? kMaxWarps / G.hb : 1);
+  prefill_block_shape(G.group, &G.hb, &G.bq);
   G.n_qtiles = (M + G.bq - 1) / G.bq;
   const auto* k16 = static_cast<const uint16_t*>(K);
   const auto* v16 = static_cast<const uint16_t*>(V);
+  if (variant == kPrefillEnv) variant = prefill_variant_env();
+  if (variant == kPrefillV3 && attention_prefill_v3_applies(p)) {
+    switch (p.head_dim) {
+      case 64: launch_prefill_v3<64>(q, k16, v16, out, G, meta, st); break;
+      case 128: launch_prefill_v3<128>(q, k16, v16, out, G, meta, st); break;
+      default: launch_prefill_v3<256>(q, k16, v16, out, G, meta, st); break;
+    }
+    return true;
+  }
   switch (p.head_dim) {
     case 64: launch_prefill<64>(q, k16, v16, out, G, meta, st); break;
     case 128: launch_prefill<128>(q, k16, v16, out, G, meta, st); break;

@@ -108,9 +108,16 @@ void attention(const float* q, const void* K, const void* V, float* out, int M, 
 // Causal (or windowed) attention for many query rows on the tensor cores, K/V in bf16: see the
 // file's header for the tiling and why a row's bits never depend on M. Returns false (nothing
 // launched) where the kernel does not apply (fp32 K/V, a head_dim other than 64/128/256): the
-// caller runs attention() instead.
+// caller runs attention() instead. variant: kPrefillV1 (one 32/64-key tile at a time), kPrefillV3
+// (two tiles per double-buffered stage, the same bits as v1 by construction; v1 where its shared
+// memory does not fit), kPrefillEnv = the QFLASH_ATTN_PREFILL switch (v1 | v3; default v1).
+enum PrefillVariant : int { kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV3 = 3 };
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
-                       const StepMeta* meta, cudaStream_t st);
+                       const StepMeta* meta, cudaStream_t st, int variant = kPrefillEnv);
+// Whether kPrefillV3 runs its own kernel for these parameters (bf16 K/V, head_dim 64/128/256, and
+// its shared memory within the device's limit: at head_dim 256 only blocks of <= 6 warps, e.g. the
+// 27B's 6 q heads per kv head); otherwise it runs v1.
+bool attention_prefill_v3_applies(const AttnParams& p);
 
 // ---- gated DeltaNet (gdn.cu) ----------------------------------------------------------------
 size_t gdn_scratch_floats(const GdnDims& d, int M);
