@@ -32,6 +32,10 @@
 //              and for row-invariance)
 //   13 v2nx    v2 loading x per unit as production does (v2's bits): what the prefetch is worth
 //   14 v2nomma diagnostic, not checked: v2 with q4_nomma instead of the mma
+//   15 v2d3    v2 with 3 units in flight at every token-tile count (production v2: 4 at M <= 4,
+//              2 at M 5..8, where 3 spills 20 bytes): what the shallower ring costs verify
+//   16 v2o3    v2 at 24 warps a SM (3 blocks, <= 80 registers): 2 units in flight, x per unit (no
+//              spill at M <= 4; spills at M 5..8): occupancy against depth
 // Exit status 1 when a checked version fails a check. docs/experiments/cuda_kernels.md has the
 // reasoning and, once it has run on the H200, the numbers.
 #include <cuda_runtime.h>
@@ -75,6 +79,14 @@ struct RecipePcNx : Q4PcRecipe {
 struct RecipePcNoMma : Q4PcRecipe {
   static constexpr bool diag_no_mma = true;
 };
+struct RecipePcD3 : Q4PcRecipe {
+  static constexpr int depth = 3;
+};
+struct RecipePcO3 : Q4PcRecipe {
+  static constexpr int min_blocks = 3;
+  static constexpr int depth = 2;
+  static constexpr bool x_prefetch = false;
+};
 
 }  // namespace
 }  // namespace qf::cuda
@@ -84,11 +96,11 @@ using namespace qf::bench;
 
 namespace {
 
-constexpr int kVersions = 14;
-const char* const kNames[kVersions + 1] = {"",      "prod",  "x2",  "prex", "x2d6", "ks1", "ks2",    "ks4",
-                                           "ks8",   "noalu", "nomma", "xpf", "v2",   "v2nx", "v2nomma"};
+constexpr int kVersions = 16;
+const char* const kNames[kVersions + 1] = {"",      "prod",  "x2",    "prex", "x2d6", "ks1",     "ks2",  "ks4", "ks8",
+                                           "noalu", "nomma", "xpf",   "v2",   "v2nx", "v2nomma", "v2d3", "v2o3"};
 // The version whose bits a version claims (0: none beyond the CPU and row-invariance checks).
-int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 ? 1 : v == 13 ? 12 : 0; }
+int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 ? 1 : v == 13 || v == 15 || v == 16 ? 12 : 0; }
 bool diagnostic(int v) { return v == 9 || v == 10 || v == 14; }
 
 // Scratch of the pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of
@@ -125,6 +137,8 @@ void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, con
     case 12: cuda::q4_run_pc<cuda::Q4PcRecipe>(Ws, ys, n, x, x_ld, M, g_st, o); return;
     case 13: cuda::q4_run_pc<cuda::RecipePcNx>(Ws, ys, n, x, x_ld, M, g_st, o); return;
     case 14: cuda::q4_run_pc<cuda::RecipePcNoMma>(Ws, ys, n, x, x_ld, M, g_st, o); return;
+    case 15: cuda::q4_run_pc<cuda::RecipePcD3>(Ws, ys, n, x, x_ld, M, g_st, o); return;
+    case 16: cuda::q4_run_pc<cuda::RecipePcO3>(Ws, ys, n, x, x_ld, M, g_st, o); return;
     default:
       o.ks = 1 << (v - 5);
       cuda::q4_run<cuda::Q4Recipe>(Ws, ys, n, x, x_ld, M, g_st, false, o);

@@ -182,7 +182,7 @@ if want q4ab; then
       --gtest_filter='CudaGemvQ4.*:*Int4LoadIdentity*/cuda:Op/*int4*_cuda' --gtest_color=no
   done
   for qv in v1 v2; do
-    QFLASH_Q4_GEMV=$qv step "q4ab_bench_$qv" 80 plain "$BIN/qflash" bench --device cuda --weights int4 \
+    QFLASH_Q4_GEMV=$qv step "q4ab_bench_$qv" 110 plain "$BIN/qflash" bench --device cuda --weights int4 \
       --synthetic tests/fixtures/configs/qwen38_27b/config.json \
       --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
       --force-accept 4 --gen 32 --reps 5 --no-mtp --json "$LOG/q4ab_bench_$qv.json"

@@ -348,9 +348,10 @@ __global__ void __launch_bounds__(kQ4Warps * 32, NT == 1 ? 2 : 1) gemv_tc_q4_ker
 // one chain), the same error bound (tests/unit/cuda_gemv_q4_test.cpp: one fewer rounding inside
 // the chain, one add after it).
 struct Q4PcRecipe {
-  static constexpr int depth = 0;            // units in flight (0: 4 at 1 and 4 token tiles, 2 at 2; G 128: 2)
-  static constexpr bool x_prefetch = true;   // activations one unit ahead (as Q4Recipe::x_prefetch)
+  static constexpr int depth = 0;            // units in flight (0: 4 at 1 and 4 token tiles, 3 at 2; G 128: 2)
+  static constexpr bool x_prefetch = true;   // activations loaded ahead: 4 k-steps at 1 token tile, 2 at more
   static constexpr bool diag_no_mma = false; // timing only: q4_nomma instead of the mma
+  static constexpr int min_blocks = 0;       // resident 8-warp blocks a SM asked of ptxas (0: 2 at <= 2 token tiles, else 1)
 };
 
 // Piece g % 2 of two activations as a packed bf16 pair (lo in the low half): pmask = 0 gives
@@ -380,7 +381,8 @@ constexpr int q4pc_depth() {
 }
 
 template <int G, int NT, class R = Q4PcRecipe>
-__global__ void __launch_bounds__(kQ4Warps * 32, NT <= 2 ? 2 : 1) gemv_tc_q4_pc_kernel(const Q4Params P) {
+__global__ void __launch_bounds__(kQ4Warps * 32, R::min_blocks > 0 ? R::min_blocks : NT <= 2 ? 2 : 1)
+    gemv_tc_q4_pc_kernel(const Q4Params P) {
   using UT = Q4Unit<G>;
   constexpr int NV = UT::NV, KK = 4 * UT::BLOCKS, SPG = UT::STEPS_PER_GROUP;
   constexpr int DEPTH = R::depth > 0 ? R::depth : q4pc_depth<G, NT>();
@@ -422,9 +424,13 @@ __global__ void __launch_bounds__(kQ4Warps * 32, NT <= 2 ? 2 : 1) gemv_tc_q4_pc_
     for (int k = 0; k < UT::GROUPS; k++)
       dst[2 * UT::BLOCKS + k] = tile_ok ? ld_stream16(p + UT::BLOCKS * 1024 + 128 * k + 16 * g) : make_uint4(0, 0, 0, 0);
   };
-  // G 128 keeps loading x per unit: its 8 k-steps a unit would need 32 more registers a tile.
-  constexpr bool XPF = R::x_prefetch && G <= 64;
-  constexpr int XJ = XPF ? NT : 1, XK = XPF ? KK : 1;
+  // x_prefetch: the activations of k-step s are loaded PD k-steps ahead (k-steps are consecutive
+  // 16-column blocks across units, so step s + PD is 16 PD columns on): slot s % PD is read and at
+  // once refilled with step s + PD. PD = 4 (one G-64 unit) for one token tile, 2 for more, where
+  // the registers are short.
+  constexpr int PD = R::x_prefetch ? (NT == 1 ? (KK < 4 ? KK : 4) : 2) : 0;
+  constexpr bool XPF = PD > 0;
+  constexpr int XJ = XPF ? NT : 1, XK = XPF ? PD : 1;
   float4 X[XJ][XK];
 
   auto unit = [&](const uint4 (&buf)[NV], int u) {
@@ -449,9 +455,10 @@ __global__ void __launch_bounds__(kQ4Warps * 32, NT <= 2 ? 2 : 1) gemv_tc_q4_pc_
       for (int j = 0; j < NT; j++) {
         float4 xf;
         if constexpr (XPF) {
-          xf = X[j][kk];
-          X[j][kk] = xv[j] && u + 1 < u1 ? __ldg(reinterpret_cast<const float4*>(xp[j] + col + UT::U))
-                                         : make_float4(0.f, 0.f, 0.f, 0.f);
+          xf = X[j][kk % XK];
+          X[j][kk % XK] = xv[j] && u * KK + kk + PD < u1 * KK
+                              ? __ldg(reinterpret_cast<const float4*>(xp[j] + col + 16 * PD))
+                              : make_float4(0.f, 0.f, 0.f, 0.f);
         } else {
           xf = xv[j] ? __ldg(reinterpret_cast<const float4*>(xp[j] + col)) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
