@@ -2,6 +2,7 @@
 // the relayout into its tiles and the device quantizer.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -92,11 +93,19 @@ __global__ void q4_quantize_kernel(const uint16_t* __restrict__ src, int64_t row
 // for every int4 tile matmul of the process, the prefill GEMM's included (passes of 16 tokens), so
 // decode, verify and prefill stay one arithmetic; anything else (default) the v1 kernel. An A/B
 // switch while v2 is measured (docs/experiments/cuda_kernels.md, 2026-12-06); read once per
-// process. v2 has two pieces only: QFLASH_TC_Q4_PIECES=3 keeps v1.
+// process, and said once on stderr when set (so an A/B run's logs show which kernel ran). v2 has
+// two pieces only: QFLASH_TC_Q4_PIECES=3 keeps v1.
 bool q4_v2() {
   static const bool on = [] {
     const char* e = std::getenv("QFLASH_Q4_GEMV");
-    return e && std::strcmp(e, "v2") == 0 && q4_pieces() == 2;
+    if (!e || !*e) return false;
+    const bool v2 = std::strcmp(e, "v2") == 0, v1 = std::strcmp(e, "v1") == 0;
+    if (!v1 && !v2) std::fprintf(stderr, "qflash: warning: QFLASH_Q4_GEMV=%s is not a kernel (v1, v2); using v1\n", e);
+    if (v2 && q4_pieces() != 2)
+      std::fprintf(stderr, "qflash: warning: QFLASH_Q4_GEMV=v2 needs 2 activation pieces; using v1\n");
+    const bool on2 = v2 && q4_pieces() == 2;
+    std::fprintf(stderr, "qflash: int4 GEMV kernel %s (QFLASH_Q4_GEMV=%s)\n", on2 ? "v2" : "v1", e);
+    return on2;
   }();
   return on;
 }
