@@ -20,7 +20,22 @@
 //   9 noalu    diagnostic, not checked: the weight words and raw activation bits go straight into
 //              the MMAs (no split, no dequant, no token sums): the kernel's speed without its ALU
 //              work, i.e. what a cheaper dequant could reach at best
-//   10 nomma   diagnostic, not checked: every MMA input computed, no MMA issued
+//   10 nomma   diagnostic, not checked: every MMA input computed and added into the accumulator's
+//              bits as an integer, no MMA issued (fixed 2026-12-06: run 33's version let ptxas
+//              drop the nibble loads, dequant and split, so it timed a kernel that read 11% of
+//              the bytes)
+//   11 xpf     production's arithmetic with the activations loaded one unit ahead (a register
+//              ring, 3 units in flight instead of 4 for the registers): production's bits
+//   12 v2      pieces in columns (gemv_tc_q4_pc_kernel, QFLASH_Q4_GEMV=v2 in production): the two
+//              bf16 pieces of an activation in two n-columns of one mma, 4 tokens per token tile,
+//              x one unit ahead: half the mmas at M <= 4, its own bits (checked against the CPU
+//              and for row-invariance)
+//   13 v2nx    v2 loading x per unit as production does (v2's bits): what the prefetch is worth
+//   14 v2nomma diagnostic, not checked: v2 with q4_nomma instead of the mma
+//   15 v2d3    v2 with 3 units in flight at every token-tile count (production v2: 4 at M <= 4,
+//              2 at M 5..8, where 3 spills 20 bytes): what the shallower ring costs verify
+//   16 v2o3    v2 at 24 warps a SM (3 blocks, <= 80 registers): 2 units in flight, x per unit (no
+//              spill at M <= 4; spills at M 5..8): occupancy against depth
 // Exit status 1 when a checked version fails a check. docs/experiments/cuda_kernels.md has the
 // reasoning and, once it has run on the H200, the numbers.
 #include <cuda_runtime.h>
@@ -54,6 +69,24 @@ struct RecipeNoAlu : Q4Recipe {
 struct RecipeNoMma : Q4Recipe {
   static constexpr bool diag_no_mma = true;
 };
+struct RecipeXpf : Q4Recipe {
+  static constexpr bool x_prefetch = true;
+  static constexpr int depth = 3;
+};
+struct RecipePcNx : Q4PcRecipe {
+  static constexpr bool x_prefetch = false;
+};
+struct RecipePcNoMma : Q4PcRecipe {
+  static constexpr bool diag_no_mma = true;
+};
+struct RecipePcD3 : Q4PcRecipe {
+  static constexpr int depth = 3;
+};
+struct RecipePcO3 : Q4PcRecipe {
+  static constexpr int min_blocks = 3;
+  static constexpr int depth = 2;
+  static constexpr bool x_prefetch = false;
+};
 
 }  // namespace
 }  // namespace qf::cuda
@@ -63,10 +96,12 @@ using namespace qf::bench;
 
 namespace {
 
-constexpr int kVersions = 10;
-const char* const kNames[kVersions + 1] = {"", "prod", "x2", "prex", "x2d6", "ks1", "ks2", "ks4", "ks8", "noalu", "nomma"};
-bool same_bits_as_prod(int v) { return v >= 2 && v <= 4; }
-bool diagnostic(int v) { return v >= 9; }
+constexpr int kVersions = 16;
+const char* const kNames[kVersions + 1] = {"",      "prod",  "x2",    "prex", "x2d6", "ks1",     "ks2",  "ks4", "ks8",
+                                           "noalu", "nomma", "xpf",   "v2",   "v2nx", "v2nomma", "v2d3", "v2o3"};
+// The version whose bits a version claims (0: none beyond the CPU and row-invariance checks).
+int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 ? 1 : v == 13 || v == 15 || v == 16 ? 12 : 0; }
+bool diagnostic(int v) { return v == 9 || v == 10 || v == 14; }
 
 // Scratch of the pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of
 // (cols / 32) groups (the smallest group) x 16 tokens.
@@ -98,6 +133,12 @@ void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, con
     case 4: cuda::q4_run<cuda::RecipeX2D6>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
     case 9: cuda::q4_run<cuda::RecipeNoAlu>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
     case 10: cuda::q4_run<cuda::RecipeNoMma>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
+    case 11: cuda::q4_run<cuda::RecipeXpf>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
+    case 12: cuda::q4_run_pc<cuda::Q4PcRecipe>(Ws, ys, n, x, x_ld, M, g_st, o); return;
+    case 13: cuda::q4_run_pc<cuda::RecipePcNx>(Ws, ys, n, x, x_ld, M, g_st, o); return;
+    case 14: cuda::q4_run_pc<cuda::RecipePcNoMma>(Ws, ys, n, x, x_ld, M, g_st, o); return;
+    case 15: cuda::q4_run_pc<cuda::RecipePcD3>(Ws, ys, n, x, x_ld, M, g_st, o); return;
+    case 16: cuda::q4_run_pc<cuda::RecipePcO3>(Ws, ys, n, x, x_ld, M, g_st, o); return;
     default:
       o.ks = 1 << (v - 5);
       cuda::q4_run<cuda::Q4Recipe>(Ws, ys, n, x, x_ld, M, g_st, false, o);
@@ -173,8 +214,9 @@ CpuRef cpu_ref_q4(const WeightRef& W, const std::vector<float>& x, int M) {
   return r;
 }
 
-// M = 16 against the CPU; rows of M = 1 and M = 9 calls against the same rows of the M = 16 call;
-// for versions that claim production's arithmetic, every bit against production at M = 1, 8, 16.
+// M = 16 against the CPU; rows of M = 1, 4, 5 and 9 calls against the same rows of the M = 16 call
+// (every token-tile count of both kernels); for versions that claim another version's arithmetic
+// (production's, or v2's), every bit against it at M = 1, 8, 16.
 std::string check(int v, const Case& c, const Loaded& l, const float* dx, const std::vector<CpuRef>& refs) {
   const int n = static_cast<int>(c.rows.size()), cols = static_cast<int>(c.cols);
   std::vector<float*> ys(n);
@@ -192,7 +234,7 @@ std::string check(int v, const Case& c, const Loaded& l, const float* dx, const 
     err = check_against(full[i], c.rows[i], refs[i], 1e-5);
     if (!err.empty()) err = cuda::fmt_str("weight %d vs CPU: ", i) + err;
   }
-  const int probes[][2] = {{1, 0}, {1, 5}, {1, 8}, {1, 15}, {9, 7}};  // {M, first row}
+  const int probes[][2] = {{1, 0}, {1, 5}, {1, 8}, {1, 15}, {4, 12}, {5, 2}, {9, 7}};  // {M, first row}
   for (const auto& pr : probes) {
     if (!err.empty()) break;
     const auto part = call(v, pr[0], pr[1]);
@@ -201,12 +243,12 @@ std::string check(int v, const Case& c, const Loaded& l, const float* dx, const 
         err = cuda::fmt_str("weight %d: rows %d..%d of an M = %d call differ from the M = 16 call (row-invariance)", i,
                             pr[1], pr[1] + pr[0] - 1, pr[0]);
   }
-  if (err.empty() && same_bits_as_prod(v))
+  if (err.empty() && same_bits_as(v))
     for (int M : {1, 8, 16}) {
-      const auto mine = call(v, M, 0), prod = call(1, M, 0);
+      const auto mine = call(v, M, 0), ref = call(same_bits_as(v), M, 0);
       for (int i = 0; i < n && err.empty(); i++)
-        if (std::memcmp(mine[i].data(), prod[i].data(), mine[i].size() * 4))
-          err = cuda::fmt_str("weight %d, M = %d: bits differ from production", i, M);
+        if (std::memcmp(mine[i].data(), ref[i].data(), mine[i].size() * 4))
+          err = cuda::fmt_str("weight %d, M = %d: bits differ from %s", i, M, kNames[same_bits_as(v)]);
       if (!err.empty()) break;
     }
   for (float* y : ys) cudaFree(y);

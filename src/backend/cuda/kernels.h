@@ -138,6 +138,8 @@ void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float*
 // int4 (mlx group-affine, group 32/64/128) weights relaid into the kernel's tiles at load
 // (WeightRef::kTcQ4, scales and biases inside the blob); every M, decode included, row-invariant.
 // Activations as for gemv(). QFLASH_TC_Q4_PIECES=3 splits x into 3 bf16 pieces instead of 2.
+// QFLASH_Q4_GEMV=v2 (A/B switch, 2 pieces only) runs the pieces-in-columns kernel for all three
+// entry points below: its own bits, row-invariant, gemm_tc_q4 still bit for bit gemv_tc_q4.
 bool gemv_tc_q4_eligible(const WeightRef& W);  // row-major int4, cols a multiple of max(64, group)
 size_t gemv_tc_q4_bytes(int64_t rows, int64_t cols, int group);
 void gemv_tc_q4_relayout(const WeightRef& W, void* dst, cudaStream_t st);  // dst: gemv_tc_q4_bytes, 16-byte aligned
