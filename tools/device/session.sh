@@ -28,9 +28,6 @@
 #   labq4     the int4 GEMV lab (bench/lab_gemv_q4.cu): versions checked (CPU, row-invariance, bits vs
 #             production), then timed on the 27B int4 shapes at M = 1, 2, 8, 16 (not default);
 #             LABQ4_ARGS passes the lab its versions and options (e.g. "1 10 11 12 13 14 --M 1,4,8,16")
-#   q4ab      (not default) the int4 GEMV v2 (QFLASH_Q4_GEMV=v2, issue 14) against v1: the int4 tests
-#             (CudaGemvQ4.*, int4 identity on cuda, Op/*int4*_cuda) under v1 and under v2, then the
-#             short 27B int4 bench (plain + DFlash2 at forced 4 of 7) under each
 #   int4, bench27q4, bench27q4s, bench27q4l, prof27q4 (not default): int4 GEMV/op-table/identity
 #             tests on cuda, 27B int4 benches (bench27q4l: an 8k prompt through the int4 prefill)
 #   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
@@ -179,20 +176,6 @@ want lab   && step lab_fma 120 plain "$BIN/qflash_lab_gemv_fma" --quick
 # int4 GEMV lab (issue 14): production vs the cheaper-split / prepared-activation / deeper / other
 # split recipes, and the two diagnostics (no ALU work, no MMA) that bound what each fix can give
 want labq4 && step lab_q4 200 plain "$BIN/qflash_lab_gemv_q4" ${LABQ4_ARGS:-}
-# int4 GEMV v2 A/B (issue 14; docs/experiments/cuda_kernels.md, 2026-12-06): the same int4 tests and
-# short 27B int4 bench under each kernel (the switch is read once per process)
-if want q4ab; then
-  for qv in v1 v2; do
-    QFLASH_Q4_GEMV=$qv step "q4ab_tests_$qv" 100 gtest "$BIN/qflash_tests" \
-      --gtest_filter='CudaGemvQ4.*:*Int4LoadIdentity*/cuda:Op/*int4*_cuda' --gtest_color=no
-  done
-  for qv in v1 v2; do
-    QFLASH_Q4_GEMV=$qv step "q4ab_bench_$qv" 110 plain "$BIN/qflash" bench --device cuda --weights int4 \
-      --synthetic tests/fixtures/configs/qwen38_27b/config.json \
-      --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
-      --force-accept 4 --gen 32 --reps 5 --no-mtp --json "$LOG/q4ab_bench_$qv.json"
-  done
-fi
 # Hardware counters for the tensor-core GEMV (one launch per shape class), for the next tuning round
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if want ncu && [[ -n "$NCU" ]]; then
@@ -353,7 +336,6 @@ for j in "$LOG"/*.json; do [[ -f "$j" ]] && cp "$j" "$OUTDIR/$(basename "$j" .js
 tar -C "$LOG" -czf "$OUTDIR/logs$SFX.tgz" .
 echo
 for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/bench27q4s.log "$LOG"/bench27q4l.log \
-         "$LOG"/q4ab_bench_v1.log "$LOG"/q4ab_bench_v2.log \
          "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/adaptiveprose.log "$LOG"/adaptivemtp2.log "$LOG"/adaptivemtp4.log "$LOG"/adaptivet08.log "$LOG"/gemv.log "$LOG"/sweep.log \
          "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/lab_q4.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
          "$LOG"/prefill32k.log "$LOG"/prefill128k.log "$LOG"/attnab_kernel_v1.log "$LOG"/attnab_kernel_v3.log \

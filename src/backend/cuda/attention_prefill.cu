@@ -25,9 +25,11 @@
 // an update with zero weights), so the same row in a call that starts elsewhere or has another M
 // walks the same tiles with the same operands and produces the same bits.
 //
-// QFLASH_ATTN_PREFILL=v3 selects attn_prefill_v3_kernel (below): the same operations per element in
-// the same order (so the same bits), two key tiles per double-buffered stage for twice the
-// independent mma chains per warp and half the Q fragment reads (docs/experiments/prefill_kernels.md).
+// attn_prefill_v3_kernel (below), the default since run 34: the same operations per element in the
+// same order (so the same bits; CudaAttentionPrefill.V3MatchesV1BitForBit), two key tiles per
+// double-buffered stage for twice the independent mma chains per warp and half the Q fragment
+// reads; 18-20% less kernel time on the 27B shape (docs/experiments/prefill_kernels.md). v1 runs
+// where v3's shared memory does not fit, and under QFLASH_ATTN_PREFILL=v1.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -666,14 +668,14 @@ void prefill_block_shape(int group, int* hb, int* bq) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// QFLASH_ATTN_PREFILL=v3 selects v3 (read once per process); anything else, or unset, v1.
+// v3 unless QFLASH_ATTN_PREFILL=v1 (read once per process; v3 is the default since run 34).
 int prefill_variant_env() {
   static const int v = [] {
     const char* e = std::getenv("QFLASH_ATTN_PREFILL");
-    if (e && std::strcmp(e, "v3") == 0) return static_cast<int>(kPrefillV3);
-    if (e && *e && std::strcmp(e, "v1") != 0)
-      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3); using v1\n", e);
-    return static_cast<int>(kPrefillV1);
+    if (e && std::strcmp(e, "v1") == 0) return static_cast<int>(kPrefillV1);
+    if (e && *e && std::strcmp(e, "v3") != 0)
+      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3); using v3\n", e);
+    return static_cast<int>(kPrefillV3);
   }();
   return v;
 }

@@ -2,7 +2,6 @@
 // the relayout into its tiles and the device quantizer.
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -89,27 +88,6 @@ __global__ void q4_quantize_kernel(const uint16_t* __restrict__ src, int64_t row
   }
 }
 
-// QFLASH_Q4_GEMV=v2 runs the pieces-in-columns kernel (gemv_tc_q4_pc_kernel, gemv_tc_q4_impl.cuh)
-// for every int4 tile matmul of the process, the prefill GEMM's included (passes of 16 tokens), so
-// decode, verify and prefill stay one arithmetic; anything else (default) the v1 kernel. An A/B
-// switch while v2 is measured (docs/experiments/cuda_kernels.md, 2026-12-06); read once per
-// process, and said once on stderr when set (so an A/B run's logs show which kernel ran). v2 has
-// two pieces only: QFLASH_TC_Q4_PIECES=3 keeps v1.
-bool q4_v2() {
-  static const bool on = [] {
-    const char* e = std::getenv("QFLASH_Q4_GEMV");
-    if (!e || !*e) return false;
-    const bool v2 = std::strcmp(e, "v2") == 0, v1 = std::strcmp(e, "v1") == 0;
-    if (!v1 && !v2) std::fprintf(stderr, "qflash: warning: QFLASH_Q4_GEMV=%s is not a kernel (v1, v2); using v1\n", e);
-    if (v2 && q4_pieces() != 2)
-      std::fprintf(stderr, "qflash: warning: QFLASH_Q4_GEMV=v2 needs 2 activation pieces; using v1\n");
-    const bool on2 = v2 && q4_pieces() == 2;
-    std::fprintf(stderr, "qflash: int4 GEMV kernel %s (QFLASH_Q4_GEMV=%s)\n", on2 ? "v2" : "v1", e);
-    return on2;
-  }();
-  return on;
-}
-
 }  // namespace
 
 bool gemv_tc_q4_eligible(const WeightRef& W) {
@@ -146,28 +124,19 @@ void gemv_tc_q4_relayout(const WeightRef& W, void* dst, cudaStream_t st) {
 
 void gemv_tc_q4_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
                       cudaStream_t st) {
-  if (q4_v2())
-    q4_run_pc(Ws, ys, n, x, x_ld, M, st);
-  else
-    q4_run(Ws, ys, n, x, x_ld, M, st, false);
+  q4_run(Ws, ys, n, x, x_ld, M, st, false);
 }
 
 void gemv_tc_q4(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st) {
   const WeightRef* ws[1] = {&W};
   float* ys[1] = {y};
-  if (q4_v2())
-    q4_run_pc(ws, ys, 1, x, x_ld, M, st);
-  else
-    q4_run(ws, ys, 1, x, x_ld, M, st, false);
+  q4_run(ws, ys, 1, x, x_ld, M, st, false);
 }
 
 void gemm_tc_q4(const WeightRef& W, const float* xr, int x_ld, float* y, int M, cudaStream_t st) {
   const WeightRef* ws[1] = {&W};
   float* ys[1] = {y};
-  if (q4_v2())
-    q4_run_pc(ws, ys, 1, xr, x_ld, M, st);
-  else
-    q4_run(ws, ys, 1, xr, x_ld, M, st, true);
+  q4_run(ws, ys, 1, xr, x_ld, M, st, true);
 }
 
 void quantize_int4(const void* bf16, int64_t rows, int64_t cols, int group, void* q, void* scales, void* biases,

@@ -332,7 +332,10 @@ __global__ void __launch_bounds__(kQ4Warps * 32, NT == 1 ? 2 : 1) gemv_tc_q4_ker
   tc_store_y<NT, kQ4MaxSeg>(P, acc, [&] { return P.y[seg]; }, row0, nrows, warp, lane, g, t);
 }
 
-// ---- v2 ("pieces in columns", QFLASH_Q4_GEMV=v2; lab version 12) -----------------------------
+// ---- v2 ("pieces in columns", lab version 12; not in production: run 34 below) ----------------
+// Run 34 (H100): in production (prefill GEMM included) it broke the int4 identity tests from the
+// first token and was no faster at M = 1 (1.01-1.05x) and slower at M >= 8 (0.76-0.84x); the lab
+// keeps it for the record (docs/experiments/cuda_kernels.md, 2026-12-06).
 // The same tiles, unit ring, column slices and group fold as above, with the two bf16 pieces of an
 // activation in two n-columns of ONE mma instead of two mmas over the same column: B column n
 // holds piece n % 2 of token 4j + n / 2 of token tile j (4 tokens a tile). So M <= 4 (decode)

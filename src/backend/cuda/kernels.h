@@ -110,7 +110,7 @@ void attention(const float* q, const void* K, const void* V, float* out, int M, 
 // launched) where the kernel does not apply (fp32 K/V, a head_dim other than 64/128/256): the
 // caller runs attention() instead. variant: kPrefillV1 (one 32/64-key tile at a time), kPrefillV3
 // (two tiles per double-buffered stage, the same bits as v1 by construction; v1 where its shared
-// memory does not fit), kPrefillEnv = the QFLASH_ATTN_PREFILL switch (v1 | v3; default v1).
+// memory does not fit), kPrefillEnv = the QFLASH_ATTN_PREFILL switch (v1 | v3; default v3 since run 34).
 enum PrefillVariant : int { kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV3 = 3 };
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
                        const StepMeta* meta, cudaStream_t st, int variant = kPrefillEnv);
@@ -138,8 +138,6 @@ void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float*
 // int4 (mlx group-affine, group 32/64/128) weights relaid into the kernel's tiles at load
 // (WeightRef::kTcQ4, scales and biases inside the blob); every M, decode included, row-invariant.
 // Activations as for gemv(). QFLASH_TC_Q4_PIECES=3 splits x into 3 bf16 pieces instead of 2.
-// QFLASH_Q4_GEMV=v2 (A/B switch, 2 pieces only) runs the pieces-in-columns kernel for all three
-// entry points below: its own bits, row-invariant, gemm_tc_q4 still bit for bit gemv_tc_q4.
 bool gemv_tc_q4_eligible(const WeightRef& W);  // row-major int4, cols a multiple of max(64, group)
 size_t gemv_tc_q4_bytes(int64_t rows, int64_t cols, int group);
 void gemv_tc_q4_relayout(const WeightRef& W, void* dst, cudaStream_t st);  // dst: gemv_tc_q4_bytes, 16-byte aligned
