@@ -36,6 +36,13 @@
 //              2 at M 5..8, where 3 spills 20 bytes): what the shallower ring costs verify
 //   16 v2o3    v2 at 24 warps a SM (3 blocks, <= 80 registers): 2 units in flight, x per unit (no
 //              spill at M <= 4; spills at M 5..8): occupancy against depth
+// Versions 17+ (bench/lab_gemv_q4_more.cuh, gemv_q4lab_kernel): production's arithmetic and column
+// split, so production's bits (memcmp'd), with more weight loads in flight:
+//   17 pf      production's geometry plus prefetch.global.L2 of the unit 4 beyond the ring
+//   18 o3      24 warps a SM (3 blocks, <= 80 registers), 2 units in flight
+//   19 rh      row halves: two warps per tile-slice (one per 16 rows), 16-warp blocks, 32 warps a
+//              SM (<= 64 registers), 3 half-units in flight
+//   20 rhpf    rh with 2 half-units in flight and prefetch.global.L2 6 units ahead (no spill)
 // Exit status 1 when a checked version fails a check. docs/experiments/cuda_kernels.md has the
 // reasoning and, once it has run on the H200, the numbers.
 #include <cuda_runtime.h>
@@ -49,6 +56,7 @@
 
 #include "backend/cuda/gemv_tc_q4_impl.cuh"
 #include "bench_util.cuh"
+#include "lab_gemv_q4_more.cuh"
 
 namespace qf::cuda {
 namespace {
@@ -87,6 +95,23 @@ struct RecipePcO3 : Q4PcRecipe {
   static constexpr int depth = 2;
   static constexpr bool x_prefetch = false;
 };
+// Versions 17+ (lab_gemv_q4_more.cuh); the M 9..16 kernels keep production's 4 units and 1 block.
+struct LabPf : Q4LabRecipe {
+  static constexpr int pf = 4;
+};
+struct LabO3 : Q4LabRecipe {
+  static constexpr int depth = 2;
+  static constexpr int min_blocks = 3;
+};
+struct LabRh : Q4LabRecipe {
+  static constexpr bool row_halves = true;
+  static constexpr int depth = 3;
+};
+struct LabRhPf : Q4LabRecipe {
+  static constexpr bool row_halves = true;
+  static constexpr int depth = 2;
+  static constexpr int pf = 6;
+};
 
 }  // namespace
 }  // namespace qf::cuda
@@ -96,11 +121,12 @@ using namespace qf::bench;
 
 namespace {
 
-constexpr int kVersions = 16;
+constexpr int kVersions = 20;
 const char* const kNames[kVersions + 1] = {"",      "prod",  "x2",    "prex", "x2d6", "ks1",     "ks2",  "ks4", "ks8",
-                                           "noalu", "nomma", "xpf",   "v2",   "v2nx", "v2nomma", "v2d3", "v2o3"};
+                                           "noalu", "nomma", "xpf",   "v2",   "v2nx", "v2nomma", "v2d3", "v2o3",
+                                           "pf",    "o3",    "rh",    "rhpf"};
 // The version whose bits a version claims (0: none beyond the CPU and row-invariance checks).
-int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 ? 1 : v == 13 || v == 15 || v == 16 ? 12 : 0; }
+int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 || v >= 17 ? 1 : v == 13 || v == 15 || v == 16 ? 12 : 0; }
 bool diagnostic(int v) { return v == 9 || v == 10 || v == 14; }
 
 // Scratch of the pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of
@@ -139,6 +165,10 @@ void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, con
     case 14: cuda::q4_run_pc<cuda::RecipePcNoMma>(Ws, ys, n, x, x_ld, M, g_st, o); return;
     case 15: cuda::q4_run_pc<cuda::RecipePcD3>(Ws, ys, n, x, x_ld, M, g_st, o); return;
     case 16: cuda::q4_run_pc<cuda::RecipePcO3>(Ws, ys, n, x, x_ld, M, g_st, o); return;
+    case 17: cuda::q4lab_run<cuda::LabPf>(Ws, ys, n, x, x_ld, M, g_st); return;
+    case 18: cuda::q4lab_run<cuda::LabO3>(Ws, ys, n, x, x_ld, M, g_st); return;
+    case 19: cuda::q4lab_run<cuda::LabRh>(Ws, ys, n, x, x_ld, M, g_st); return;
+    case 20: cuda::q4lab_run<cuda::LabRhPf>(Ws, ys, n, x, x_ld, M, g_st); return;
     default:
       o.ks = 1 << (v - 5);
       cuda::q4_run<cuda::Q4Recipe>(Ws, ys, n, x, x_ld, M, g_st, false, o);
