@@ -26,7 +26,7 @@
 //              the bytes)
 //   11 xpf     production's arithmetic with the activations loaded one unit ahead (a register
 //              ring, 3 units in flight instead of 4 for the registers): production's bits
-//   12 v2      pieces in columns (gemv_tc_q4_pc_kernel; tried in production in run 34 and removed): the two
+//   12 v2      pieces in columns (gemv_tc_q4_pc_kernel, bench/lab_gemv_q4_pc.cuh; tried in production in run 34 and removed): the two
 //              bf16 pieces of an activation in two n-columns of one mma, 4 tokens per token tile,
 //              x one unit ahead: half the mmas at M <= 4, its own bits (checked against the CPU
 //              and for row-invariance)
@@ -57,6 +57,7 @@
 #include "backend/cuda/gemv_tc_q4_impl.cuh"
 #include "bench_util.cuh"
 #include "lab_gemv_q4_more.cuh"
+#include "lab_gemv_q4_pc.cuh"
 
 namespace qf::cuda {
 namespace {
