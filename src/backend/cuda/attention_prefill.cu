@@ -64,61 +64,43 @@ __device__ __forceinline__ int swz(int r, int c) {
   return r * (HD / 8) + (c ^ (r & 7));
 }
 
-template <int HD>
-__global__ void __launch_bounds__(kMaxWarps * 32, 1)
-    attn_prefill_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K, const uint16_t* __restrict__ V,
-                        float* __restrict__ out, const PrefillGeom G, const StepMeta* meta) {
-  constexpr int CH = HD / 8;   // 16-byte chunks per row
-  constexpr int KS = HD / 16;  // k-steps of Q K^T
-  constexpr int KT = key_tile<HD>();
-  constexpr int NT = KT / 8;
-  pdl_trigger();
-  pdl_wait();
-  extern __shared__ __align__(128) uint4 smem[];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint4* sK = smem;                             // [KT][HD]
-  uint4* sV = sK + KT * CH;                     // [KT][HD]
-  uint4* sQ = sV + KT * CH + warp * 2 * 16 * CH;  // this warp: hi [16][HD], then lo [16][HD]
-
+// What a warp of either kernel works on: its block's query rows and v1 key-tile range, its head,
+// kv group and 16 query rows, and this thread's two fragment rows (lane/4 and lane/4 + 8) with
+// their visible key ranges ([lo, hi); empty for rows past the call: never active, never written).
+struct PrefillWarp {
+  int m0, h, g, mw, t_begin, t_end, ra, rb, lo_a, hi_a, lo_b, hi_b;
+};
+template <int KT>
+__device__ __forceinline__ PrefillWarp prefill_warp(const PrefillGeom& G, const StepMeta* meta, int warp, int lane) {
+  PrefillWarp w;
   const int qt = G.n_qtiles - 1 - static_cast<int>(blockIdx.x);  // longest causal rows first
-  const int m0 = qt * G.bq;
+  w.m0 = qt * G.bq;
   const int pw = G.bq / 16;
-  const int h = blockIdx.y * G.hb + warp / pw;
-  const int g = h / G.group;
-  const int mw = m0 + 16 * (warp % pw);  // the warp's first query row
-
+  w.h = blockIdx.y * G.hb + warp / pw;
+  w.g = w.h / G.group;
+  w.mw = w.m0 + 16 * (warp % pw);  // the warp's first query row
   // Block key range: lo and hi grow with the position, so the first and the last valid row bound it.
-  const int m_last = min(m0 + G.bq, G.M) - 1;
+  const int m_last = min(w.m0 + G.bq, G.M) - 1;
   int blo, bhi, tmp_lo, tmp_hi;
-  attn_visible_range<true>(meta, m0, G.causal, G.window, &blo, &tmp_hi);
+  attn_visible_range<true>(meta, w.m0, G.causal, G.window, &blo, &tmp_hi);
   attn_visible_range<true>(meta, m_last, G.causal, G.window, &tmp_lo, &bhi);
-  const int t_begin = blo / KT, t_end = bhi > blo ? (bhi + KT - 1) / KT : t_begin;
+  w.t_begin = blo / KT;
+  w.t_end = bhi > blo ? (bhi + KT - 1) / KT : w.t_begin;
+  w.ra = w.mw + (lane >> 2);
+  w.rb = w.ra + 8;
+  attn_visible_range<true>(meta, w.ra, G.causal, G.window, &w.lo_a, &w.hi_a);
+  attn_visible_range<true>(meta, w.rb, G.causal, G.window, &w.lo_b, &w.hi_b);
+  if (w.ra >= G.M) w.hi_a = w.lo_a;
+  if (w.rb >= G.M) w.hi_b = w.lo_b;
+  return w;
+}
 
-  // This thread's two rows (mma fragment rows lane/4 and lane/4 + 8).
-  const int ra = mw + (lane >> 2), rb = ra + 8;
-  int lo_a, hi_a, lo_b, hi_b;
-  attn_visible_range<true>(meta, ra, G.causal, G.window, &lo_a, &hi_a);
-  attn_visible_range<true>(meta, rb, G.causal, G.window, &lo_b, &hi_b);
-  if (ra >= G.M) hi_a = lo_a;  // rows past the call: never active, never written
-  if (rb >= G.M) hi_b = lo_b;
-
-  const size_t kv_off = static_cast<size_t>(g) * HD;
-  auto load_tile = [&](uint4* dst, const uint16_t* src, int t) {
-    const uint32_t base = smem_u32(dst);
-    for (int i = threadIdx.x; i < KT * CH; i += blockDim.x) {
-      const int r = i / CH, c = i % CH;
-      const int j = t * KT + r;
-      const bool ok = j < meta->n_kv;
-      const uint16_t* p = src + (ok ? static_cast<size_t>(j) * G.kvw + kv_off + c * 8 : 0);
-      cp_async16(base + swz<HD>(r, c) * 16, p, ok ? 16 : 0);
-    }
-  };
-  if (t_end > t_begin) {
-    load_tile(sK, K, t_begin);
-    cp_async_commit();
-  }
-
-  // Queries -> hi/lo bf16 in shared memory (zeros for rows past the call).
+// The warp's 16 query rows of head h -> hi/lo bf16 pieces in shared memory (sQ: hi [16][HD], then
+// lo [16][HD], swizzled; zeros for rows past the call).
+template <int HD>
+__device__ __forceinline__ void prefill_stage_q(const float* __restrict__ q, uint4* sQ, const PrefillGeom& G, int mw,
+                                                int h, int lane) {
+  constexpr int CH = HD / 8;
   for (int i = lane; i < 16 * CH; i += 32) {
     const int r = i / CH, c = i % CH;
     const int m = mw + r;
@@ -140,158 +122,29 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     sQ[16 * CH + swz<HD>(r, c)] = lo;
   }
   __syncwarp();
+}
 
-  float acc[HD / 8][4];
-#pragma unroll
-  for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns
-
-  // ldmatrix row addresses: lane l reads row r8 = l % 8 of the 8x8 matrix l / 8. Chunk c of a
-  // row lies at c ^ r8, and c = h + 2j + 8i (h < 2, j < 4) gives (h ^ r8) ^ 2j + 8i: one lane
-  // address per operand, XORed with 32 j bytes and offset by immediates (rows are multiples of
-  // 128 bytes), instead of one hoisted register per (row block, chunk) pair.
-  const int r8 = lane & 7, mi = lane >> 3;
-  constexpr int RB = CH * 16;  // bytes per smem row
-  const uint32_t q_lane = smem_u32(sQ) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4);
-  const uint32_t k_lane = smem_u32(sK) + ((mi >> 1) * 8 + r8) * RB + (((mi & 1) ^ r8) << 4);
-  const uint32_t v_lane = smem_u32(sV) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4);
-
-  for (int t = t_begin; t < t_end; t++) {
-    load_tile(sV, V, t);
-    cp_async_commit();
-    cp_async_wait<1>();  // K(t)
-    __syncthreads();
-
-    // S = Q K^T for the warp's 16 rows x KT keys (hi and lo pieces of Q into the same accumulator).
-    float s[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll 4
-    for (int ks = 0; ks < KS; ks++) {
-      uint32_t ah[4], al[4];
-      const uint32_t qa = (q_lane ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
-      ldsm_x4(qa, ah);
-      ldsm_x4(qa + 16 * RB, al);
-      const uint32_t ka = (k_lane ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
-#pragma unroll
-      for (int np = 0; np < NT / 2; np++) {
-        uint32_t b[4];
-        ldsm_x4(ka + np * 16 * RB, b);
-        mma_bf16_16816(s[2 * np], ah, b[0], b[1]);
-        mma_bf16_16816(s[2 * np], al, b[0], b[1]);
-        mma_bf16_16816(s[2 * np + 1], ah, b[2], b[3]);
-        mma_bf16_16816(s[2 * np + 1], al, b[2], b[3]);
-      }
-    }
-
-    // Online softmax, per row, only where this tile meets the row's key range.
-    const int kt0 = t * KT;
-    const bool act_a = kt0 < hi_a && kt0 + KT > lo_a;
-    const bool act_b = kt0 < hi_b && kt0 + KT > lo_b;
-#pragma unroll
-    for (int n = 0; n < NT; n++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[n][e] = __fmul_rn(s[n][e], G.scale_log2);
-    // Masking only where the tile is not wholly visible to both rows (the diagonal, the window edge).
-    if (!(kt0 >= lo_a && kt0 + KT <= hi_a && kt0 >= lo_b && kt0 + KT <= hi_b)) {
-#pragma unroll
-      for (int n = 0; n < NT; n++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int j = kt0 + n * 8 + 2 * (lane & 3) + (e & 1);
-          const bool vis = e < 2 ? (j >= lo_a && j < hi_a) : (j >= lo_b && j < hi_b);
-          if (!vis) s[n][e] = -INFINITY;
-        }
-    }
-    float tmax_a = -INFINITY, tmax_b = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-      tmax_a = fmaxf(tmax_a, fmaxf(s[n][0], s[n][1]));
-      tmax_b = fmaxf(tmax_b, fmaxf(s[n][2], s[n][3]));
-    }
-    tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 1));
-    tmax_a = fmaxf(tmax_a, __shfl_xor_sync(kFull, tmax_a, 2));
-    tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 1));
-    tmax_b = fmaxf(tmax_b, __shfl_xor_sync(kFull, tmax_b, 2));
-    const float nmax_a = fmaxf(max_a, tmax_a), nmax_b = fmaxf(max_b, tmax_b);
-    const float alpha_a = act_a ? exp2f(__fsub_rn(max_a, nmax_a)) : 1.0f;  // 0 on a row's first tile
-    const float alpha_b = act_b ? exp2f(__fsub_rn(max_b, nmax_b)) : 1.0f;
-    uint32_t ph[NT / 2][4], pl[NT / 2][4];  // P as the A operand of P V: k-step = 16 keys
-    float psum_a = 0.0f, psum_b = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NT; n++) {
-      const float p0 = act_a ? exp2f(__fsub_rn(s[n][0], nmax_a)) : 0.0f;
-      const float p1 = act_a ? exp2f(__fsub_rn(s[n][1], nmax_a)) : 0.0f;
-      const float p2 = act_b ? exp2f(__fsub_rn(s[n][2], nmax_b)) : 0.0f;
-      const float p3 = act_b ? exp2f(__fsub_rn(s[n][3], nmax_b)) : 0.0f;
-      psum_a = __fadd_rn(__fadd_rn(psum_a, p0), p1);
-      psum_b = __fadd_rn(__fadd_rn(psum_b, p2), p3);
-      split_bf16x2(p0, p1, ph[n / 2][(n & 1) * 2], pl[n / 2][(n & 1) * 2]);
-      split_bf16x2(p2, p3, ph[n / 2][(n & 1) * 2 + 1], pl[n / 2][(n & 1) * 2 + 1]);
-    }
-    if (act_a) {
-      sum_a = __fadd_rn(__fmul_rn(sum_a, alpha_a), psum_a);
-      max_a = nmax_a;
-    }
-    if (act_b) {
-      sum_b = __fadd_rn(__fmul_rn(sum_b, alpha_b), psum_b);
-      max_b = nmax_b;
-    }
-
-    cp_async_wait<0>();  // V(t)
-    __syncthreads();     // and every warp is done with K(t)
-    if (t + 1 < t_end) {
-      load_tile(sK, K, t + 1);
-      cp_async_commit();
-    }
-
-    // O = alpha O + P V(t), P V from zero per 16 output columns (hi and lo pieces of P).
-#pragma unroll
-    for (int np = 0; np < HD / 16; np++) {
-      float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
-      const uint32_t va = (v_lane ^ ((np & 3) << 5)) + (np >> 2) * 128;
-#pragma unroll
-      for (int kk = 0; kk < NT / 2; kk++) {
-        uint32_t b[4];
-        ldsm_x4_t(va + kk * 16 * RB, b);
-        mma_bf16_16816(o[0], ph[kk], b[0], b[1]);
-        mma_bf16_16816(o[0], pl[kk], b[0], b[1]);
-        mma_bf16_16816(o[1], ph[kk], b[2], b[3]);
-        mma_bf16_16816(o[1], pl[kk], b[2], b[3]);
-      }
-#pragma unroll
-      for (int x = 0; x < 2; x++) {
-        float* a = acc[2 * np + x];
-        if (act_a) {
-          a[0] = fmaf(a[0], alpha_a, o[x][0]);
-          a[1] = fmaf(a[1], alpha_a, o[x][1]);
-        }
-        if (act_b) {
-          a[2] = fmaf(a[2], alpha_b, o[x][2]);
-          a[3] = fmaf(a[3], alpha_b, o[x][3]);
-        }
-      }
-    }
-    __syncthreads();  // every warp is done with V(t) before V(t+1) lands
-  }
-
-  // Row sums over the 4 lanes of a row (the same two-level tree in each lane), then O / sum.
+// Row sums over the 4 lanes of a row (the same two-level tree in each lane), then O / sum for the
+// thread's two rows (zeros where a row sees no key, as the CPU twin).
+template <int HD>
+__device__ __forceinline__ void prefill_store_out(float* __restrict__ out, const float (&acc)[HD / 8][4], float sum_a,
+                                                  float sum_b, const PrefillWarp& w, const PrefillGeom& G, int lane) {
   sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 1));
   sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 2));
   sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 1));
   sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 2));
   const int col = 2 * (lane & 3);
-  if (ra < G.M) {
-    float* o = out + (static_cast<size_t>(ra) * G.n_heads + h) * HD + col;
-    const bool any = hi_a > lo_a;  // no visible key: zeros, as the CPU twin
+  if (w.ra < G.M) {
+    float* o = out + (static_cast<size_t>(w.ra) * G.n_heads + w.h) * HD + col;
+    const bool any = w.hi_a > w.lo_a;
 #pragma unroll
     for (int n = 0; n < HD / 8; n++)
       *reinterpret_cast<float2*>(o + n * 8) =
           any ? make_float2(__fdiv_rn(acc[n][0], sum_a), __fdiv_rn(acc[n][1], sum_a)) : make_float2(0.0f, 0.0f);
   }
-  if (rb < G.M) {
-    float* o = out + (static_cast<size_t>(rb) * G.n_heads + h) * HD + col;
-    const bool any = hi_b > lo_b;
+  if (w.rb < G.M) {
+    float* o = out + (static_cast<size_t>(w.rb) * G.n_heads + w.h) * HD + col;
+    const bool any = w.hi_b > w.lo_b;
 #pragma unroll
     for (int n = 0; n < HD / 8; n++)
       *reinterpret_cast<float2*>(o + n * 8) =
@@ -299,26 +152,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   }
 }
 
-// ---- v3 (QFLASH_ATTN_PREFILL=v3): v1's arithmetic, two key tiles per stage ----------------------
-//
-// The same operations on every output element as v1, in the same order (so the same bits and the
-// same row-invariance argument), scheduled for more independent work per warp. A stage is two of
-// v1's key tiles (tiles 2u and 2u + 1, absolute): K and V of a stage are double-buffered in shared
-// memory (cp.async, the next stage loads while this one computes: one barrier per stage instead of
-// two per tile). Per stage a warp
-//  - computes the scores of both tiles in one pass over head_dim: each Q fragment (hi and lo) is
-//    read once for both tiles, and 2 NT accumulator chains are in flight instead of NT; every score
-//    element is v1's chain (k-steps in order, Q's hi then lo piece into one accumulator);
-//  - runs v1's softmax step for tile 2u, then for tile 2u + 1 (the row state max/sum is updated
-//    tile by tile as in v1; the second tile's probabilities use the max after the first);
-//  - accumulates P V of both tiles per 16 output columns: each tile's P V from zero in v1's order,
-//    then acc = fmaf(acc, alpha_2u, o_2u), then acc = fmaf(acc, alpha_2u+1, o_2u+1): v1's two updates.
-// A tile of the stage that misses a row's key range leaves that row untouched (v1's act flags), so
-// a stage that reaches past the block's range (the first or last one) changes nothing.
-
-// v1's per-tile softmax step on a tile's scores s (16 rows x KT keys of a warp, mma layout): scale,
-// mask, tile max, new max, alpha, P as hi/lo bf16 A fragments, row sums. The same statements as in
-// attn_prefill_kernel (kept there inline; a change to one is a change to both).
+// The per-tile online softmax step of both kernels on a tile's scores s (16 rows x KT keys of a
+// warp, mma layout), only where the tile meets a row's key range (act): scale, mask (only where the
+// tile is not wholly visible to both rows: the diagonal, the window edge), tile max, new max, alpha
+// (0 on a row's first tile), P as hi/lo bf16 A fragments of P V (k-step = 16 keys), row sums.
 template <int NT>
 struct TileSoftmax {
   uint32_t ph[NT / 2][4], pl[NT / 2][4];
@@ -327,7 +164,7 @@ struct TileSoftmax {
 };
 
 template <int NT>
-__device__ __forceinline__ void softmax_tile_v3(float (&s)[NT][4], int kt0, int lane, float scale_log2, int lo_a,
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], int kt0, int lane, float scale_log2, int lo_a,
                                                 int hi_a, int lo_b, int hi_b, float& max_a, float& max_b,
                                                 float& sum_a, float& sum_b, TileSoftmax<NT>& T) {
   constexpr int KT = NT * 8;
@@ -382,6 +219,149 @@ __device__ __forceinline__ void softmax_tile_v3(float (&s)[NT][4], int kt0, int 
     max_b = nmax_b;
   }
 }
+
+template <int HD>
+__global__ void __launch_bounds__(kMaxWarps * 32, 1)
+    attn_prefill_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K, const uint16_t* __restrict__ V,
+                        float* __restrict__ out, const PrefillGeom G, const StepMeta* meta) {
+  constexpr int CH = HD / 8;   // 16-byte chunks per row
+  constexpr int KS = HD / 16;  // k-steps of Q K^T
+  constexpr int KT = key_tile<HD>();
+  constexpr int NT = KT / 8;
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ __align__(128) uint4 smem[];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint4* sK = smem;                             // [KT][HD]
+  uint4* sV = sK + KT * CH;                     // [KT][HD]
+  uint4* sQ = sV + KT * CH + warp * 2 * 16 * CH;  // this warp: hi [16][HD], then lo [16][HD]
+
+  const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
+  const int h = w.h, g = w.g, mw = w.mw, t_begin = w.t_begin, t_end = w.t_end;
+  const int lo_a = w.lo_a, hi_a = w.hi_a, lo_b = w.lo_b, hi_b = w.hi_b;
+
+  const size_t kv_off = static_cast<size_t>(g) * HD;
+  auto load_tile = [&](uint4* dst, const uint16_t* src, int t) {
+    const uint32_t base = smem_u32(dst);
+    for (int i = threadIdx.x; i < KT * CH; i += blockDim.x) {
+      const int r = i / CH, c = i % CH;
+      const int j = t * KT + r;
+      const bool ok = j < meta->n_kv;
+      const uint16_t* p = src + (ok ? static_cast<size_t>(j) * G.kvw + kv_off + c * 8 : 0);
+      cp_async16(base + swz<HD>(r, c) * 16, p, ok ? 16 : 0);
+    }
+  };
+  if (t_end > t_begin) {
+    load_tile(sK, K, t_begin);
+    cp_async_commit();
+  }
+
+  // Queries -> hi/lo bf16 in shared memory (zeros for rows past the call).
+  prefill_stage_q<HD>(q, sQ, G, mw, h, lane);
+
+  float acc[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;  // sums: this thread's columns
+
+  // ldmatrix row addresses: lane l reads row r8 = l % 8 of the 8x8 matrix l / 8. Chunk c of a
+  // row lies at c ^ r8, and c = h + 2j + 8i (h < 2, j < 4) gives (h ^ r8) ^ 2j + 8i: one lane
+  // address per operand, XORed with 32 j bytes and offset by immediates (rows are multiples of
+  // 128 bytes), instead of one hoisted register per (row block, chunk) pair.
+  const int r8 = lane & 7, mi = lane >> 3;
+  constexpr int RB = CH * 16;  // bytes per smem row
+  const uint32_t q_lane = smem_u32(sQ) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4);
+  const uint32_t k_lane = smem_u32(sK) + ((mi >> 1) * 8 + r8) * RB + (((mi & 1) ^ r8) << 4);
+  const uint32_t v_lane = smem_u32(sV) + ((mi & 1) * 8 + r8) * RB + (((mi >> 1) ^ r8) << 4);
+
+  for (int t = t_begin; t < t_end; t++) {
+    load_tile(sV, V, t);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(t)
+    __syncthreads();
+
+    // S = Q K^T for the warp's 16 rows x KT keys (hi and lo pieces of Q into the same accumulator).
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll 4
+    for (int ks = 0; ks < KS; ks++) {
+      uint32_t ah[4], al[4];
+      const uint32_t qa = (q_lane ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
+      ldsm_x4(qa, ah);
+      ldsm_x4(qa + 16 * RB, al);
+      const uint32_t ka = (k_lane ^ ((ks & 3) << 5)) + (ks >> 2) * 128;
+#pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        uint32_t b[4];
+        ldsm_x4(ka + np * 16 * RB, b);
+        mma_bf16_16816(s[2 * np], ah, b[0], b[1]);
+        mma_bf16_16816(s[2 * np], al, b[0], b[1]);
+        mma_bf16_16816(s[2 * np + 1], ah, b[2], b[3]);
+        mma_bf16_16816(s[2 * np + 1], al, b[2], b[3]);
+      }
+    }
+
+    // Online softmax, per row, only where this tile meets the row's key range.
+    TileSoftmax<NT> T;
+    softmax_tile<NT>(s, t * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b, T);
+
+    cp_async_wait<0>();  // V(t)
+    __syncthreads();     // and every warp is done with K(t)
+    if (t + 1 < t_end) {
+      load_tile(sK, K, t + 1);
+      cp_async_commit();
+    }
+
+    // O = alpha O + P V(t), P V from zero per 16 output columns (hi and lo pieces of P).
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+      float o[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+      const uint32_t va = (v_lane ^ ((np & 3) << 5)) + (np >> 2) * 128;
+#pragma unroll
+      for (int kk = 0; kk < NT / 2; kk++) {
+        uint32_t b[4];
+        ldsm_x4_t(va + kk * 16 * RB, b);
+        mma_bf16_16816(o[0], T.ph[kk], b[0], b[1]);
+        mma_bf16_16816(o[0], T.pl[kk], b[0], b[1]);
+        mma_bf16_16816(o[1], T.ph[kk], b[2], b[3]);
+        mma_bf16_16816(o[1], T.pl[kk], b[2], b[3]);
+      }
+#pragma unroll
+      for (int x = 0; x < 2; x++) {
+        float* a = acc[2 * np + x];
+        if (T.act_a) {
+          a[0] = fmaf(a[0], T.alpha_a, o[x][0]);
+          a[1] = fmaf(a[1], T.alpha_a, o[x][1]);
+        }
+        if (T.act_b) {
+          a[2] = fmaf(a[2], T.alpha_b, o[x][2]);
+          a[3] = fmaf(a[3], T.alpha_b, o[x][3]);
+        }
+      }
+    }
+    __syncthreads();  // every warp is done with V(t) before V(t+1) lands
+  }
+
+  prefill_store_out<HD>(out, acc, sum_a, sum_b, w, G, lane);
+}
+
+// ---- v3 (QFLASH_ATTN_PREFILL=v3): v1's arithmetic, two key tiles per stage ----------------------
+//
+// The same operations on every output element as v1, in the same order (so the same bits and the
+// same row-invariance argument), scheduled for more independent work per warp. A stage is two of
+// v1's key tiles (tiles 2u and 2u + 1, absolute): K and V of a stage are double-buffered in shared
+// memory (cp.async, the next stage loads while this one computes: one barrier per stage instead of
+// two per tile). Per stage a warp
+//  - computes the scores of both tiles in one pass over head_dim: each Q fragment (hi and lo) is
+//    read once for both tiles, and 2 NT accumulator chains are in flight instead of NT; every score
+//    element is v1's chain (k-steps in order, Q's hi then lo piece into one accumulator);
+//  - runs v1's softmax step for tile 2u, then for tile 2u + 1 (the row state max/sum is updated
+//    tile by tile as in v1; the second tile's probabilities use the max after the first);
+//  - accumulates P V of both tiles per 16 output columns: each tile's P V from zero in v1's order,
+//    then acc = fmaf(acc, alpha_2u, o_2u), then acc = fmaf(acc, alpha_2u+1, o_2u+1): v1's two updates.
+// A tile of the stage that misses a row's key range leaves that row untouched (v1's act flags), so
+// a stage that reaches past the block's range (the first or last one) changes nothing.
 
 // Both tiles of a stage for 16 output columns (the two n8 halves a0, a1 of the accumulator): each
 // tile's P V from zero in v1's order (k-steps in order, P's hi then lo piece), the two products side
@@ -449,27 +429,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
   uint4* sV = sK + 2 * ST * CH;                      // [2][ST][HD]
   uint4* sQ = sV + 2 * ST * CH + warp * 2 * 16 * CH;  // this warp: hi [16][HD], then lo [16][HD]
 
-  const int qt = G.n_qtiles - 1 - static_cast<int>(blockIdx.x);
-  const int m0 = qt * G.bq;
-  const int pw = G.bq / 16;
-  const int h = blockIdx.y * G.hb + warp / pw;
-  const int g = h / G.group;
-  const int mw = m0 + 16 * (warp % pw);
-
-  const int m_last = min(m0 + G.bq, G.M) - 1;
-  int blo, bhi, tmp_lo, tmp_hi;
-  attn_visible_range<true>(meta, m0, G.causal, G.window, &blo, &tmp_hi);
-  attn_visible_range<true>(meta, m_last, G.causal, G.window, &tmp_lo, &bhi);
+  const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
+  const int h = w.h, g = w.g, mw = w.mw, t_begin = w.t_begin, t_end = w.t_end;
+  const int lo_a = w.lo_a, hi_a = w.hi_a, lo_b = w.lo_b, hi_b = w.hi_b;
   // v1's tile range [t_begin, t_end), walked as stages u = t / 2
-  const int t_begin = blo / KT, t_end = bhi > blo ? (bhi + KT - 1) / KT : t_begin;
   const int u_begin = t_begin / 2, u_end = t_end > t_begin ? (t_end + 1) / 2 : u_begin;
-
-  const int ra = mw + (lane >> 2), rb = ra + 8;
-  int lo_a, hi_a, lo_b, hi_b;
-  attn_visible_range<true>(meta, ra, G.causal, G.window, &lo_a, &hi_a);
-  attn_visible_range<true>(meta, rb, G.causal, G.window, &lo_b, &hi_b);
-  if (ra >= G.M) hi_a = lo_a;
-  if (rb >= G.M) hi_b = lo_b;
 
   // Stage loads: thread t copies 16-byte chunk t % CH of rows t / CH + k (blockDim / CH) (blockDim
   // is a multiple of 32 and CH divides 32): the chunks v1's loop copies, with the per-thread
@@ -494,27 +458,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     cp_async_commit();
   }
 
-  for (int i = lane; i < 16 * CH; i += 32) {
-    const int r = i / CH, c = i % CH;
-    const int m = mw + r;
-    float x[8];
-    if (m < G.M) {
-      const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + h) * HD + c * 8);
-      const float4 u = src[0], v = src[1];
-      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++) x[e] = 0.0f;
-    }
-    uint4 hi, lo;
-    split_bf16x2(x[0], x[1], hi.x, lo.x);
-    split_bf16x2(x[2], x[3], hi.y, lo.y);
-    split_bf16x2(x[4], x[5], hi.z, lo.z);
-    split_bf16x2(x[6], x[7], hi.w, lo.w);
-    sQ[swz<HD>(r, c)] = hi;
-    sQ[16 * CH + swz<HD>(r, c)] = lo;
-  }
-  __syncwarp();
+  prefill_stage_q<HD>(q, sQ, G, mw, h, lane);
 
   float acc[HD / 8][4];
 #pragma unroll
@@ -573,8 +517,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     }
 
     TileSoftmax<NT> T0, T1;
-    softmax_tile_v3<NT>(s0, 2 * u * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b, T0);
-    softmax_tile_v3<NT>(s1, (2 * u + 1) * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b,
+    softmax_tile<NT>(s0, 2 * u * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b, T0);
+    softmax_tile<NT>(s1, (2 * u + 1) * KT, lane, G.scale_log2, lo_a, hi_a, lo_b, hi_b, max_a, max_b, sum_a, sum_b,
                         T1);
 
     // O = alpha1 (alpha0 O + P0 V0) + P1 V1 per 16 output columns, each P V from zero as in v1.
@@ -585,27 +529,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, 1)
     }
   }
 
-  sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 1));
-  sum_a = __fadd_rn(sum_a, __shfl_xor_sync(kFull, sum_a, 2));
-  sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 1));
-  sum_b = __fadd_rn(sum_b, __shfl_xor_sync(kFull, sum_b, 2));
-  const int col = 2 * (lane & 3);
-  if (ra < G.M) {
-    float* o = out + (static_cast<size_t>(ra) * G.n_heads + h) * HD + col;
-    const bool any = hi_a > lo_a;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++)
-      *reinterpret_cast<float2*>(o + n * 8) =
-          any ? make_float2(__fdiv_rn(acc[n][0], sum_a), __fdiv_rn(acc[n][1], sum_a)) : make_float2(0.0f, 0.0f);
-  }
-  if (rb < G.M) {
-    float* o = out + (static_cast<size_t>(rb) * G.n_heads + h) * HD + col;
-    const bool any = hi_b > lo_b;
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++)
-      *reinterpret_cast<float2*>(o + n * 8) =
-          any ? make_float2(__fdiv_rn(acc[n][2], sum_b), __fdiv_rn(acc[n][3], sum_b)) : make_float2(0.0f, 0.0f);
-  }
+  prefill_store_out<HD>(out, acc, sum_a, sum_b, w, G, lane);
 }
 
 template <int HD>
@@ -624,8 +548,6 @@ void launch_prefill(const float* q, const uint16_t* K, const uint16_t* V, float*
   QF_CUDA_LAUNCH_CHECK("attn_prefill_kernel");
 }
 
-// v3's launch: false (nothing launched) where its shared memory (two double-buffered stages of K
-// and V plus the Q pieces) exceeds the device's opt-in limit; the caller runs v1 then.
 // v3's dynamic shared memory: two stages of K and V (2 x 2 v1 tiles each) and the Q pieces.
 size_t prefill_v3_smem(int head_dim, int warps) {
   const int kt = head_dim == 256 ? key_tile<256>() : key_tile<128>();
