@@ -45,6 +45,8 @@
 #             the kernel), then one 27B attention layer alone
 #             at 8k and 32k rows (qflash_gdn_bench --attn-only) and the 27B 8k and 32k prompts, each
 #             under v1 and v3 (same call, same card: compare with each other only)
+#   ncuattnsrc (not default) Nsight Compute source counters + stalls of the attention prefill kernel
+#             (one 27B layer, 8,192 rows) -> attn_source.csv.gz
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
 #   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
 #   adaptive  (not default) --draft-k auto (issue 15): the controller's tests on cuda, then the 27B
@@ -307,6 +309,18 @@ if want ncusrc && [[ -n "$NCU" ]]; then
   # the per-line table can be large: compressed beside logs.tgz, not inside it
   gzip -c "$LOG/ncusrc_page.log" >"$OUTDIR/gdn_source.csv.gz" 2>/dev/null
   rm -f "$LOG/ncusrc_page.log" "$LOG/gdn_src.ncu-rep"
+fi
+# The same for the attention prefill kernel (issue 12: v3's bound before a wgmma rewrite): one
+# 27B attention layer at 8,192 rows, v3 (or QFLASH_ATTN_PREFILL's choice), source counters + stalls.
+if want ncuattnsrc && [[ -n "$NCU" ]]; then
+  step ncuattn_collect 200 plain "$NCU" --clock-control none --kernel-name regex:"attn_prefill" --launch-count 1 \
+    --section SourceCounters --section WarpStateStats --section SpeedOfLight --section Occupancy \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --import-source yes -f -o "$LOG/attn_src" \
+    "$BIN/qflash_gdn_bench" --attn-only --attn-rows 8192 --reps 1
+  step ncuattn_page 120 plain "$NCU" -i "$LOG/attn_src.ncu-rep" --page source --csv --print-source cuda,sass
+  step ncuattn_details 60 plain "$NCU" -i "$LOG/attn_src.ncu-rep" --page details --print-details all
+  gzip -c "$LOG/ncuattn_page.log" >"$OUTDIR/attn_source.csv.gz" 2>/dev/null
+  rm -f "$LOG/ncuattn_page.log" "$LOG/attn_src.ncu-rep"
 fi
 # Prefix reuse (issue 13): snapshot/restore identity on cuda, then the time to first token of a
 # second turn on a 16k-token conversation, resumed from the cache vs prefilled cold.
