@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -454,6 +455,74 @@ TEST(CudaAttentionPrefill, V3MatchesV1BitForBit) {
       ASSERT_EQ(0, std::memcmp(&outs[1][i], &outs[0][i], 4))
           << tag << ": v3 differs from v1 at row " << i / rowf << " element " << i % rowf << " (" << outs[1][i]
           << " vs " << outs[0][i] << ")";
+  }
+}
+
+// v4 (QFLASH_ATTN_PREFILL=v4: wgmma on sm_90a, attention_prefill.cu) has bits of its own: against
+// float64 within the same bound as v1/v3 (tc_attention_bound), no NaN, every row written, and a
+// row's bits independent of the call: the rows of one call equal the same rows from calls that start
+// elsewhere (with and without cached keys before them), with other lengths, one row at a time.
+TEST(CudaAttentionPrefill, V4MatchesFloat64AndIsRowAndSplitInvariant) {
+  NEED_GPU();
+  (void)C;
+  const PrefillCase cases[] = {
+      {24, 4, 256, true, 0, 0, 300, 0},     // the 27B's layer, a prompt from position 0
+      {24, 4, 256, true, 0, 1000, 150, 0},  // a later chunk after 1000 cached keys
+      {24, 4, 256, true, 0, 37, 1100, 3},   // ragged start, offset buffer, many key tiles
+      {24, 4, 256, true, 0, 0, 1, 0},       // one row
+      {24, 4, 256, true, 96, 500, 200, 0},  // sliding window: tiles before a row's range
+      {4, 2, 256, true, 0, 63, 65, 0},      // group 2, the first row's keys end inside a tile
+      {8, 4, 256, false, 0, 130, 40, 0},    // non-causal, every row sees every key
+  };
+  for (const PrefillCase& c : cases) {
+    const AttnParams p = params(c.nh, c.nkv, c.hd, c.causal, c.window, DType::BF16);
+    const std::string tag = "nh=" + std::to_string(c.nh) + " nkv=" + std::to_string(c.nkv) +
+                            " past=" + std::to_string(c.past) + " M=" + std::to_string(c.M) +
+                            " window=" + std::to_string(c.window) + (c.causal ? "" : " non-causal");
+    if (!cuda::attention_prefill_v4_applies(p)) GTEST_SKIP() << "v4 needs a compute capability 9.0 device (sm_90a)";
+    const int kvw = c.nkv * c.hd, nkeys = c.past + c.M;
+    const uint64_t seed = 71 + static_cast<uint64_t>(c.nh) * 5 + c.M;
+    const auto Kh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed, 1.5f));
+    const auto Vh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed + 1));
+    const auto q = randv(static_cast<size_t>(c.M) * c.nh * c.hd, seed + 2, 2.0f);
+    const auto Kf = widen(Kh), Vf = widen(Vh);
+    DeviceBuffer dK = up(G, Kh), dV = up(G, Vh), dq = up(G, q);
+    const size_t rowf = static_cast<size_t>(c.nh) * c.hd;
+    G->sync();
+    cudaStream_t cs = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+    auto run = [&](int a, int b) {  // rows [a, b) of the prompt in one call, as v4
+      const StepMeta ms{c.kv_pos0 + c.past + a, c.kv_pos0, c.causal ? c.past + b : nkeys, 0};
+      DeviceBuffer dms = up(G, std::vector<StepMeta>{ms}), o(G, (b - a) * rowf * 4);
+      poison(G, o.get(), o.bytes());
+      G->sync();
+      EXPECT_TRUE(cuda::attention_prefill(dq.f() + a * rowf, dK.get(), dV.get(), o.f(), b - a, p, dmeta(dms), cs,
+                                          cuda::kPrefillV4));
+      EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(cs)) << tag << " rows [" << a << ", " << b << ")";
+      return down<float>(G, o.get(), (b - a) * rowf);
+    };
+    const auto all = run(0, c.M);
+    for (size_t i = 0; i < all.size(); i++) ASSERT_FALSE(std::isnan(all[i])) << tag << " element " << i;
+    const StepMeta meta{c.kv_pos0 + c.past, c.kv_pos0, nkeys, 0};
+    const double tol = tc_attention_bound(c.nh, c.nkv, c.hd, c.M, p.scale, q, Kf, Vf, nkeys);
+    double worst = 0;
+    for (int m = 0; m < c.M; m += (c.M > 100 ? 3 : 1)) {
+      const auto r = ref_row(q, Kf, Vf, m, p, meta);
+      for (size_t i = 0; i < rowf; i++) worst = std::max(worst, std::fabs(all[m * rowf + i] - r[i]));
+    }
+    EXPECT_LE(worst, tol) << tag;
+    if (const char* e = std::getenv("QFLASH_TOL_REPORT"); e && *e == '1')
+      std::printf("[ tol ] attention prefill v4 %s: %.3e of %.3e\n", tag.c_str(), worst, tol);
+    const int splits[][2] = {{0, 1}, {1, 2}, {5, 37}, {17, c.M}, {64, 128}, {63, c.M}, {c.M - 1, c.M}, {100, 117}};
+    for (const auto& sp : splits) {
+      const int a = sp[0], b = std::min(sp[1], c.M);
+      if (a >= b) continue;
+      const auto part = run(a, b);
+      for (int m = a; m < b; m++)
+        ASSERT_EQ(0, std::memcmp(part.data() + (m - a) * rowf, all.data() + m * rowf, rowf * 4))
+            << tag << " row " << m << " of the call [" << a << ", " << b << ")";
+    }
+    cudaStreamDestroy(cs);
   }
 }
 

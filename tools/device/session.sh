@@ -44,7 +44,8 @@
 #             logits; the HF long-prompt parity's prefill cases with bf16 K/V: fp32 K/V never reach
 #             the kernel), then one 27B attention layer alone
 #             at 8k and 32k rows (qflash_gdn_bench --attn-only) and the 27B 8k and 32k prompts, each
-#             under v1 and v3 (same call, same card: compare with each other only)
+#             under v1 and v3 (same call, same card: compare with each other only); ATTN_TEST (default v3)
+#             lists the switch values the tests run under, ATTN_AB (default "v1 v3") those timed
 #   ncuattnsrc (not default) Nsight Compute source counters + stalls of the attention prefill kernel
 #             (one 27B layer, 8,192 rows) -> attn_source.csv.gz
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
@@ -242,20 +243,22 @@ want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192
 # v3 == v1 comparison runs both kernels whatever the switch says), then the kernel alone and the
 # 27B prompts under each. ~3-4 minutes in all.
 if want attnab; then
-  QFLASH_ATTN_PREFILL=v3 QFLASH_TOL_REPORT=1 step attnab_tests 180 gtest "$BIN/qflash_tests" \
-    --gtest_filter='CudaAttentionPrefill.*:CudaKvBf16.*:Op/AttentionPrefill*cuda*:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda:Fixtures/LongPromptParity.Prefill*kvbf16_cuda' \
-    --gtest_color=no
-  grep -h '\[ tol \].*prefill\|\[tol\]' "$LOG/attnab_tests.log" 2>/dev/null | head -40
-  for av in v1 v3; do
+  for tv in ${ATTN_TEST:-v3}; do
+    QFLASH_ATTN_PREFILL=$tv QFLASH_TOL_REPORT=1 step "attnab_tests_$tv" 180 gtest "$BIN/qflash_tests" \
+      --gtest_filter='CudaAttentionPrefill.*:CudaKvBf16.*:Op/AttentionPrefill*cuda*:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda:Fixtures/LongPromptParity.Prefill*kvbf16_cuda' \
+      --gtest_color=no
+    grep -h '\[ tol \].*prefill\|\[tol\]' "$LOG/attnab_tests_$tv.log" 2>/dev/null | head -40
+  done
+  for av in ${ATTN_AB:-v1 v3}; do
     QFLASH_ATTN_PREFILL=$av step "attnab_kernel_$av" 60 plain "$BIN/qflash_gdn_bench" --attn-only \
       --attn-rows 4096,8192,32768 --reps 3
   done
-  for av in v1 v3; do
+  for av in ${ATTN_AB:-v1 v3}; do
     QFLASH_ATTN_PREFILL=$av step "attnab_8k_$av" 90 plain "$BIN/qflash" bench --device cuda \
       --synthetic tests/fixtures/configs/qwen38_27b/config.json \
       --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 3 --json "$LOG/attnab_8k_$av.json"
   done
-  for av in v1 v3; do
+  for av in ${ATTN_AB:-v1 v3}; do
     QFLASH_ATTN_PREFILL=$av step "attnab_32k_$av" 120 plain "$BIN/qflash" bench --device cuda \
       --synthetic tests/fixtures/configs/qwen38_27b/config.json \
       --prompt-len 32768 --max-context 33024 --ops-only --no-mtp --reps 2 --json "$LOG/attnab_32k_$av.json"
@@ -353,7 +356,8 @@ for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/benc
          "$LOG"/benchdemo.log "$LOG"/gdnbench.log "$LOG"/prefix16k.log "$LOG"/adaptive64.log "$LOG"/adaptive8k.log "$LOG"/adaptivedemo.log "$LOG"/adaptiveprose.log "$LOG"/adaptivemtp2.log "$LOG"/adaptivemtp4.log "$LOG"/adaptivet08.log "$LOG"/gemv.log "$LOG"/sweep.log \
          "$LOG"/sweep_lab.log "$LOG"/lab_tc.log "$LOG"/lab_fma.log "$LOG"/lab_q4.log "$LOG"/gemm27.log "$LOG"/prefill8k.log \
          "$LOG"/prefill32k.log "$LOG"/prefill128k.log "$LOG"/attnab_kernel_v1.log "$LOG"/attnab_kernel_v3.log \
-         "$LOG"/attnab_8k_v1.log "$LOG"/attnab_8k_v3.log "$LOG"/attnab_32k_v1.log "$LOG"/attnab_32k_v3.log; do
+         "$LOG"/attnab_8k_v1.log "$LOG"/attnab_8k_v3.log "$LOG"/attnab_32k_v1.log "$LOG"/attnab_32k_v3.log \
+         "$LOG"/attnab_kernel_v4.log "$LOG"/attnab_8k_v4.log "$LOG"/attnab_32k_v4.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done
 for f in "$LOG"/prof27.log "$LOG"/prof27q4.log; do

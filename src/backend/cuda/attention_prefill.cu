@@ -38,6 +38,10 @@
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
 
+#ifndef QFLASH_CUDA_ARCHS_STR
+#define QFLASH_CUDA_ARCHS_STR "90a"
+#endif
+
 namespace qf::cuda {
 
 namespace {
@@ -580,6 +584,270 @@ void launch_prefill_v3(const float* q, const uint16_t* K, const uint16_t* V, flo
   QF_CUDA_LAUNCH_CHECK("attn_prefill_v3_kernel");
 }
 
+// ---- v4 (QFLASH_ATTN_PREFILL=v4): warpgroup MMA (wgmma, sm_90a) -------------------------------
+//
+// Why: v1/v3 issue one mma.sync m16n8k16 plus its ldmatrix fragment reads per 4 KFLOP; at the
+// 27B shape their warps spend their issue slots on that stream (Nsight: ~1 instruction per cycle
+// per SM, the tensor pipes far from busy). One wgmma m64nNk16 instruction does a warpgroup's 64
+// rows x N columns x 16 and reads its shared-memory operands itself.
+//
+// Tiling (head_dim 256, an even number of q heads per kv head): a block is 2 warpgroups, one q head
+// each (heads 2 y and 2 y + 1 of one kv group), for the same 64 query rows; the K/V tile (64 keys)
+// is loaded once for both. Warp w of a warpgroup holds rows 16 w .. 16 w + 15 (the wgmma accumulator
+// layout), so prefill_warp<64> with 2 heads a block and 64 rows gives each warp its geometry.
+//
+// Arithmetic: the same pieces as v1 (q and p as bf16 hi + lo, both through the tensor cores; K and
+// V bf16 exact), fp32 accumulation, online softmax per tile with v1's softmax step (softmax_tile).
+// Different from v1: the output accumulates in the tensor core across tiles (o = alpha o, then
+// o += P V by wgmma) instead of fmaf(o, alpha, P V from zero), so v4's bits are its own; the error
+// bound is the same (tc_attention_bound), checked against float64 in the tests.
+//
+// Row-invariance: a row's operations are fixed by its block's tile range, which depends only on the
+// row's position (blocks are 64 rows of the call; tiles are absolute buffer rows; a tile outside a
+// row's key range gives it alpha = 1 and p = 0, so o * 1 + 0 leaves the row's accumulators and its
+// max/sum untouched), so the row's bits do not depend on M or on where the call starts (tests:
+// V4MatchesFloat64AndIsRowAndSplitInvariant).
+//
+// Shared memory (1024-byte aligned, 128-byte swizzle atoms of 8 rows x 128 bytes: the 16-byte chunk
+// c of atom row r at c ^ r), 225 KB: per warpgroup its Q hi and lo pieces [4 column blocks of 64]
+// [64 rows][128 B] (2 x 32 KB); K [4][64 keys][128 B] (32 KB); V as loaded [64 keys][512 B] (v1's
+// swizzle, 32 KB) and V transposed [256 dims][64 keys = 128 B] (32 KB, by ldmatrix.trans +
+// stmatrix), so every wgmma operand is K-major (the leading dimension contiguous).
+// One tile: V(t) loads during S = Q K(t)^T (32 wgmma: 16 k-steps x 2 pieces), K(t + 1) during the
+// transpose and O += P V (8 wgmma: 4 k-steps x 2 pieces).
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Shared-memory matrix descriptor of a K-major operand in 128-byte swizzle atoms stacked 1024 bytes
+// apart along M/N: start address >> 4, leading byte offset unused (1), stride byte offset 1024 >> 4,
+// swizzle mode 1 (128 B) in bits 62-63.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
+         (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Generic-proxy writes to shared memory (st.shared, cp.async, stmatrix) made visible to the async
+// proxy that wgmma reads through; each writing thread fences after its writes, before the barrier.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+__device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+// Four 8x8 b16 matrices to shared memory (lane l gives the row address of matrix l / 8).
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+// Keeps the P fragments' registers live (unchanged) until after the wait that ends the wgmma reading them.
+__device__ __forceinline__ void keep_regs(const uint32_t (&a)[4][4]) {
+  asm volatile("" ::"r"(a[0][0]), "r"(a[0][1]), "r"(a[0][2]), "r"(a[0][3]), "r"(a[1][0]), "r"(a[1][1]), "r"(a[1][2]),
+               "r"(a[1][3]), "r"(a[2][0]), "r"(a[2][1]), "r"(a[2][2]), "r"(a[2][3]), "r"(a[3][0]), "r"(a[3][1]),
+               "r"(a[3][2]), "r"(a[3][3]));
+}
+
+// D (+)= A B for one warpgroup: m64n64k16, A and B bf16 K-major in shared memory (descriptors),
+// fp32 accumulators in the m16n8 layout per warp (d[j]: columns 8 j .. 8 j + 7). accumulate 0: D = A B.
+__device__ __forceinline__ void wgmma_64x64_ss(float (&d)[8][4], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+// D += A B for one warpgroup: m64n256k16, A (bf16, the m16n8k16 A fragment per warp) in registers,
+// B bf16 K-major in shared memory (descriptor), fp32 accumulators d[j]: columns 8 j .. 8 j + 7.
+__device__ __forceinline__ void wgmma_64x256_rs(float (&d)[32][4], const uint32_t (&a)[4], uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+// wgmma.fence with the accumulators as operands: register writes before it (zeroing, rescaling)
+// stay before it, as the ISA requires before a wgmma reads those registers.
+__device__ __forceinline__ void wgmma_fence_acc(float (&d)[8][4]) {
+  asm volatile("wgmma.fence.sync.aligned;\n" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) : : "memory");
+}
+__device__ __forceinline__ void wgmma_fence_acc(float (&d)[32][4]) {
+  asm volatile("wgmma.fence.sync.aligned;\n" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]) : : "memory");
+}
+// wgmma.wait_group 0 with the accumulators as operands: no read of them moves above the wait.
+__device__ __forceinline__ void wgmma_wait_acc(float (&d)[8][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) : : "memory");
+}
+__device__ __forceinline__ void wgmma_wait_acc(float (&d)[32][4]) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]) : : "memory");
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+constexpr int kV4Threads = 256;
+constexpr size_t kV4Smem = 7 * 32768 + 1024;  // Q 4 x 32 KB, K, V, V^T 32 KB each, + alignment slack
+
+__global__ void __launch_bounds__(kV4Threads, 1)
+    attn_prefill_v4_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K,
+                           const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
+                           const StepMeta* meta) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int HD = 256, CH = HD / 8, KT = 64, NT = KT / 8;
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ __align__(1024) uint8_t smem_v4[];
+  const uint32_t sbase = (smem_u32(smem_v4) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const uint32_t sQ = sbase + wg * 65536u;  // hi [4][64][128 B], lo 32 KB further
+  const uint32_t sK = sbase + 131072u;      // [4][64 keys][128 B]
+  const uint32_t sVs = sK + 32768u;         // [64 keys][512 B], chunk c of key r at c ^ (r & 7)
+  const uint32_t sVt = sVs + 32768u;        // [256 dims][128 B]
+
+  const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
+  const int t_begin = w.t_begin, t_end = w.t_end;  // the same for every warp of the block
+  const int m0 = w.m0;
+
+  const int n_kv = meta->n_kv;
+  const int lc = tid & 31, lr0 = tid >> 5;  // this thread's 16-byte column chunk and first key row
+  const uint16_t* kcol = K + static_cast<size_t>(w.g) * HD + lc * 8;
+  const uint16_t* vcol = V + static_cast<size_t>(w.g) * HD + lc * 8;
+  const uint32_t k_dst = sK + (lc >> 3) * 8192u + (((lc & 7) ^ 0) << 4);  // row r adds r * 128, XOR r & 7
+  auto load_k = [&](int t) {
+#pragma unroll
+    for (int r = lr0; r < KT; r += kV4Threads / 32) {
+      const int j = t * KT + r;
+      const bool ok = j < n_kv;
+      cp_async16((k_dst + r * 128u) ^ ((r & 7) << 4), kcol + (ok ? static_cast<size_t>(j) * G.kvw : 0), ok ? 16 : 0);
+    }
+  };
+  auto load_v = [&](int t) {
+#pragma unroll
+    for (int r = lr0; r < KT; r += kV4Threads / 32) {
+      const int j = t * KT + r;
+      const bool ok = j < n_kv;
+      cp_async16(sVs + r * 512u + ((lc ^ (r & 7)) << 4), vcol + (ok ? static_cast<size_t>(j) * G.kvw : 0),
+                 ok ? 16 : 0);
+    }
+  };
+  if (t_end > t_begin) {
+    load_k(t_begin);
+    cp_async_commit();
+  }
+
+  // This warpgroup's 64 query rows of head w.h -> hi/lo bf16 pieces (zeros for rows past the call).
+  for (int i = tid & 127; i < 64 * CH; i += 128) {
+    const int r = i / CH, c = i % CH;
+    const int m = m0 + r;
+    float x[8];
+    if (m < G.M) {
+      const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + w.h) * HD + c * 8);
+      const float4 u = src[0], v = src[1];
+      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) x[e] = 0.0f;
+    }
+    uint4 hi, lo;
+    split_bf16x2(x[0], x[1], hi.x, lo.x);
+    split_bf16x2(x[2], x[3], hi.y, lo.y);
+    split_bf16x2(x[4], x[5], hi.z, lo.z);
+    split_bf16x2(x[6], x[7], hi.w, lo.w);
+    const uint32_t o = (c >> 3) * 8192u + r * 128u + (((c & 7) ^ (r & 7)) << 4);
+    sts128(sQ + o, hi);
+    sts128(sQ + 32768u + o, lo);
+  }
+
+  float acc[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+
+  // Transpose lanes: group gi = 8 warp + i is key block gi / 8 (8 keys) x dim chunks 4 (gi % 8) ..
+  // + 3; lane l reads row l % 8 of matrix l / 8 (ldmatrix.trans) and writes row l % 8 of the
+  // transposed matrix l / 8 (stmatrix): dims 8 (chunk) + l % 8, key chunk gi / 8.
+  const int tm = lane >> 3, tr = lane & 7;
+
+  for (int t = t_begin; t < t_end; t++) {
+    load_v(t);
+    cp_async_commit();
+    cp_async_wait<1>();  // K(t) (and, the first time, the Q stores above are this thread's too)
+    fence_proxy_async_smem();
+    __syncthreads();
+
+    // S = Q K^T: 16 k-steps of 16 dims, Q's hi then lo piece into the same accumulators.
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    wgmma_fence_acc(s);
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+      const uint32_t off = (ks >> 2) * 8192u + (ks & 3) * 32u;
+      const uint64_t db = wg_desc(sK + off);
+      wgmma_64x64_ss(s, wg_desc(sQ + off), db, ks > 0 ? 1 : 0);
+      wgmma_64x64_ss(s, wg_desc(sQ + 32768u + off), db, 1);
+    }
+    wgmma_commit();
+    wgmma_wait_acc(s);
+
+    TileSoftmax<NT> T;
+    softmax_tile<NT>(s, t * KT, lane, G.scale_log2, w.lo_a, w.hi_a, w.lo_b, w.hi_b, max_a, max_b, sum_a, sum_b, T);
+
+    cp_async_wait<0>();  // V(t)
+    __syncthreads();     // everyone's V(t) copies landed; every warpgroup is done with K(t)
+    if (t + 1 < t_end) {
+      load_k(t + 1);
+      cp_async_commit();
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      const int gi = warp * 8 + i, kb = gi >> 3, c = (gi & 7) * 4 + tm;
+      const int key = kb * 8 + tr, dim = c * 8 + tr;
+      uint32_t r4[4];
+      ldsm_x4_t(sVs + key * 512u + ((c ^ (key & 7)) << 4), r4);
+      stsm_x4(sVt + dim * 128u + ((kb ^ (dim & 7)) << 4), r4);
+    }
+    fence_proxy_async_smem();
+    __syncthreads();  // V^T complete
+
+    // O = alpha O + P V: rescale (alpha = 1 for rows the tile misses, exact), then 4 k-steps of 16
+    // keys, P's hi then lo piece.
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+      acc[n][0] = __fmul_rn(acc[n][0], T.alpha_a);
+      acc[n][1] = __fmul_rn(acc[n][1], T.alpha_a);
+      acc[n][2] = __fmul_rn(acc[n][2], T.alpha_b);
+      acc[n][3] = __fmul_rn(acc[n][3], T.alpha_b);
+    }
+    wgmma_fence_acc(acc);
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) {
+      const uint64_t db = wg_desc(sVt + kk * 32u);
+      wgmma_64x256_rs(acc, T.ph[kk], db);
+      wgmma_64x256_rs(acc, T.pl[kk], db);
+    }
+    wgmma_commit();
+    wgmma_wait_acc(acc);
+    keep_regs(T.ph);
+    keep_regs(T.pl);
+  }
+
+  prefill_store_out<HD>(out, acc, sum_a, sum_b, w, G, lane);
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+void launch_prefill_v4(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
+                       const StepMeta* meta, cudaStream_t st) {
+  static bool smem_set = false;
+  if (!smem_set) {
+    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kV4Smem)));
+    smem_set = true;
+  }
+  launch_k(attn_prefill_v4_kernel, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q, K, V, out, G,
+           meta);
+  QF_CUDA_LAUNCH_CHECK("attn_prefill_v4_kernel");
+}
+
 // Heads per block (the largest divisor of the group size <= kMaxWarps) and query rows per block.
 void prefill_block_shape(int group, int* hb, int* bq) {
   *hb = 1;
@@ -590,13 +858,14 @@ void prefill_block_shape(int group, int* hb, int* bq) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// v3 unless QFLASH_ATTN_PREFILL=v1 (read once per process; v3 is the default since run 34).
+// v3 unless QFLASH_ATTN_PREFILL=v1 or v4 (read once per process; v3 is the default since run 34).
 int prefill_variant_env() {
   static const int v = [] {
     const char* e = std::getenv("QFLASH_ATTN_PREFILL");
     if (e && std::strcmp(e, "v1") == 0) return static_cast<int>(kPrefillV1);
+    if (e && std::strcmp(e, "v4") == 0) return static_cast<int>(kPrefillV4);
     if (e && *e && std::strcmp(e, "v3") != 0)
-      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3); using v3\n", e);
+      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4); using v3\n", e);
     return static_cast<int>(kPrefillV3);
   }();
   return v;
@@ -610,6 +879,23 @@ bool attention_prefill_v3_applies(const AttnParams& p) {
   int hb, bq;
   prefill_block_shape(p.n_heads / p.n_kv_heads, &hb, &bq);
   return prefill_v3_smem(p.head_dim, hb * (bq / 16)) <= smem_optin();
+}
+
+// v4 needs a device of compute capability 9.0 running this build's sm_90a code, head_dim 256 (its
+// tiles are written for it), an even number of q heads per kv head (two per block) and bf16 K/V.
+bool attention_prefill_v4_applies(const AttnParams& p) {
+  if (p.kv_dtype != DType::BF16 || p.head_dim != 256) return false;
+  if (p.n_heads <= 0 || p.n_kv_heads <= 0 || p.n_heads % p.n_kv_heads != 0 || (p.n_heads / p.n_kv_heads) % 2 != 0)
+    return false;
+  static const bool hopper = [] {
+    if (!std::strstr(QFLASH_CUDA_ARCHS_STR, "90a")) return false;
+    int dev = 0, major = 0, minor = 0;
+    QF_CUDA_CHECK(cudaGetDevice(&dev));
+    QF_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    QF_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    return major == 9 && minor == 0;
+  }();
+  return hopper && kV4Smem <= smem_optin();
 }
 
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
@@ -627,6 +913,14 @@ bool attention_prefill(const float* q, const void* K, const void* V, float* out,
   const auto* k16 = static_cast<const uint16_t*>(K);
   const auto* v16 = static_cast<const uint16_t*>(V);
   if (variant == kPrefillEnv) variant = prefill_variant_env();
+  if (variant == kPrefillV4 && attention_prefill_v4_applies(p)) {
+    G.hb = 2;
+    G.bq = 64;
+    G.n_qtiles = (M + 63) / 64;
+    launch_prefill_v4(q, k16, v16, out, G, meta, st);
+    return true;
+  }
+  if (variant == kPrefillV4) variant = kPrefillV3;  // shapes v4 does not cover
   if (variant == kPrefillV3 && attention_prefill_v3_applies(p)) {
     switch (p.head_dim) {
       case 64: launch_prefill_v3<64>(q, k16, v16, out, G, meta, st); break;

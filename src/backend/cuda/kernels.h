@@ -110,14 +110,18 @@ void attention(const float* q, const void* K, const void* V, float* out, int M, 
 // launched) where the kernel does not apply (fp32 K/V, a head_dim other than 64/128/256): the
 // caller runs attention() instead. variant: kPrefillV1 (one 32/64-key tile at a time), kPrefillV3
 // (two tiles per double-buffered stage, the same bits as v1 by construction; v1 where its shared
-// memory does not fit), kPrefillEnv = the QFLASH_ATTN_PREFILL switch (v1 | v3; default v3 since run 34).
-enum PrefillVariant : int { kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV3 = 3 };
+// memory does not fit), kPrefillV4 (wgmma on sm_90a, its own bits; v3 where it does not apply),
+// kPrefillEnv = the QFLASH_ATTN_PREFILL switch (v1 | v3 | v4; default v3 since run 34).
+enum PrefillVariant : int { kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV3 = 3, kPrefillV4 = 4 };
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
                        const StepMeta* meta, cudaStream_t st, int variant = kPrefillEnv);
 // Whether kPrefillV3 runs its own kernel for these parameters (bf16 K/V, head_dim 64/128/256, and
 // its shared memory within the device's limit: at head_dim 256 only blocks of <= 6 warps, e.g. the
 // 27B's 6 q heads per kv head); otherwise it runs v1.
 bool attention_prefill_v3_applies(const AttnParams& p);
+// Whether kPrefillV4 (wgmma, sm_90a) runs its own kernel for these parameters (head_dim 256, an even
+// q-head group, bf16 K/V, a compute capability 9.0 device and a build with sm_90a); else v3 runs.
+bool attention_prefill_v4_applies(const AttnParams& p);
 
 // ---- gated DeltaNet (gdn.cu) ----------------------------------------------------------------
 size_t gdn_scratch_floats(const GdnDims& d, int M);
