@@ -657,15 +657,32 @@ __device__ __forceinline__ void wgmma_64x64_ss(float (&d)[8][4], uint64_t da, ui
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
       : "l"(da), "l"(db), "r"(accumulate));
 }
+// D = A B (the first k-step): as above with the accumulators write-only, so that no other
+// instruction defines them while an earlier wgmma is still in flight (ptxas would serialize).
+__device__ __forceinline__ void wgmma_64x64_ss_first(float (&d)[8][4], uint64_t da, uint64_t db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]), "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), "=f"(d[4][0]), "=f"(d[4][1]), "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]), "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]), "=f"(d[7][2]), "=f"(d[7][3])
+      : "l"(da), "l"(db), "r"(0));
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // D += A B for one warpgroup: m64n256k16, A (bf16, the m16n8k16 A fragment per warp) in registers,
-// B bf16 K-major in shared memory (descriptor), fp32 accumulators d[j]: columns 8 j .. 8 j + 7.
+// B bf16 in shared memory (descriptor; TB 0: K-major, 1: MN-major, i.e. stored [k][n]), fp32
+// accumulators d[j]: columns 8 j .. 8 j + 7.
+template <int TB>
 __device__ __forceinline__ void wgmma_64x256_rs(float (&d)[32][4], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 0;\n}\n"
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));
+}
+// Register fence: no access to d moves across it (the accumulators of an uncompleted wgmma).
+__device__ __forceinline__ void reg_fence_acc(float (&d)[32][4]) {
+  asm volatile("" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]));
 }
 // wgmma.fence with the accumulators as operands: register writes before it (zeroing, rescaling)
 // stay before it, as the ISA requires before a wgmma reads those registers.
@@ -685,8 +702,27 @@ __device__ __forceinline__ void wgmma_wait_acc(float (&d)[32][4]) {
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 constexpr int kV4Threads = 256;
-constexpr size_t kV4Smem = 7 * 32768 + 1024;  // Q 4 x 32 KB, K, V, V^T 32 KB each, + alignment slack
+constexpr size_t kV4Smem = 7 * 32768 + 1024;  // Q 4 x 32 KB, K, two V buffers 32 KB each, + alignment slack
 
+// Lab switches of v4 (QFLASH_ATTN_V4_OPTS, tokens "async", "mnA", "mnB"; measured, then one is kept):
+// VMODE 0: V staged as loaded, then transposed on chip (ldmatrix.trans + stmatrix) to V^T, K-major;
+// VMODE 1, 2: V loaded straight into K's layout ([4 dim blocks][64 keys][128 B], double-buffered) and
+// read by the P V wgmma as an MN-major operand (transpose bit set), with the two strides of its
+// descriptor assigned one way (1: leading = 8 KB between 64-dim blocks, stride = 1 KB between 8-key
+// groups) or the other (2). ASYNC: P V(t) is not waited for; it completes behind the S(t + 1) wait
+// (wgmma groups complete in order), so it overlaps the barrier, the loads and S(t + 1)'s issue.
+template <int VMODE>
+__device__ __forceinline__ uint64_t wg_desc_v(uint32_t saddr) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  if constexpr (VMODE == 0) return wg_desc(saddr);
+  const uint64_t lbo = VMODE == 1 ? 8192 : 1024, sbo = VMODE == 1 ? 1024 : 8192;
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1ull << 62);
+#else
+  return saddr;
+#endif
+}
+
+template <int VMODE, bool ASYNC>
 __global__ void __launch_bounds__(kV4Threads, 1)
     attn_prefill_v4_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K,
                            const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
@@ -699,9 +735,9 @@ __global__ void __launch_bounds__(kV4Threads, 1)
   const uint32_t sbase = (smem_u32(smem_v4) + 1023u) & ~1023u;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const uint32_t sQ = sbase + wg * 65536u;  // hi [4][64][128 B], lo 32 KB further
-  const uint32_t sK = sbase + 131072u;      // [4][64 keys][128 B]
-  const uint32_t sVs = sK + 32768u;         // [64 keys][512 B], chunk c of key r at c ^ (r & 7)
-  const uint32_t sVt = sVs + 32768u;        // [256 dims][128 B]
+  const uint32_t sK = sbase + 131072u;      // [4 dim blocks][64 keys][128 B]
+  const uint32_t sV0 = sK + 32768u;         // VMODE 0: V as loaded [64 keys][512 B]; else V buffer 0 (K's layout)
+  const uint32_t sV1 = sV0 + 32768u;        // VMODE 0: V^T [256 dims][128 B]; else V buffer 1
 
   const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
   const int t_begin = w.t_begin, t_end = w.t_end;  // the same for every warp of the block
@@ -711,26 +747,27 @@ __global__ void __launch_bounds__(kV4Threads, 1)
   const int lc = tid & 31, lr0 = tid >> 5;  // this thread's 16-byte column chunk and first key row
   const uint16_t* kcol = K + static_cast<size_t>(w.g) * HD + lc * 8;
   const uint16_t* vcol = V + static_cast<size_t>(w.g) * HD + lc * 8;
-  const uint32_t k_dst = sK + (lc >> 3) * 8192u + (((lc & 7) ^ 0) << 4);  // row r adds r * 128, XOR r & 7
-  auto load_k = [&](int t) {
+  const uint32_t kv_off = (lc >> 3) * 8192u + ((lc & 7) << 4);  // + r * 128, chunk XOR r & 7
+  auto load_blocks = [&](uint32_t dst, const uint16_t* col, int t) {  // K's layout
 #pragma unroll
     for (int r = lr0; r < KT; r += kV4Threads / 32) {
       const int j = t * KT + r;
       const bool ok = j < n_kv;
-      cp_async16((k_dst + r * 128u) ^ ((r & 7) << 4), kcol + (ok ? static_cast<size_t>(j) * G.kvw : 0), ok ? 16 : 0);
+      cp_async16((dst + kv_off + r * 128u) ^ ((r & 7) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
+                 ok ? 16 : 0);
     }
   };
-  auto load_v = [&](int t) {
+  auto load_rows = [&](uint32_t dst, const uint16_t* col, int t) {  // [64 keys][512 B], v1's swizzle
 #pragma unroll
     for (int r = lr0; r < KT; r += kV4Threads / 32) {
       const int j = t * KT + r;
       const bool ok = j < n_kv;
-      cp_async16(sVs + r * 512u + ((lc ^ (r & 7)) << 4), vcol + (ok ? static_cast<size_t>(j) * G.kvw : 0),
+      cp_async16(dst + r * 512u + ((lc ^ (r & 7)) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
                  ok ? 16 : 0);
     }
   };
   if (t_end > t_begin) {
-    load_k(t_begin);
+    load_blocks(sK, kcol, t_begin);
     cp_async_commit();
   }
 
@@ -761,14 +798,22 @@ __global__ void __launch_bounds__(kV4Threads, 1)
 #pragma unroll
   for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  TileSoftmax<NT> T;  // ASYNC: tile t's P fragments stay live until the wait of S(t + 1)
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; kk++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) T.ph[kk][e] = T.pl[kk][e] = 0u;
 
-  // Transpose lanes: group gi = 8 warp + i is key block gi / 8 (8 keys) x dim chunks 4 (gi % 8) ..
-  // + 3; lane l reads row l % 8 of matrix l / 8 (ldmatrix.trans) and writes row l % 8 of the
-  // transposed matrix l / 8 (stmatrix): dims 8 (chunk) + l % 8, key chunk gi / 8.
+  // VMODE 0 transpose lanes: warp w takes keys 8 w .. 8 w + 7, dim chunks 4 i + (lane / 8) in step i;
+  // lane l reads row l % 8 of matrix l / 8 (ldmatrix.trans) and writes row l % 8 of its transpose.
   const int tm = lane >> 3, tr = lane & 7;
 
   for (int t = t_begin; t < t_end; t++) {
-    load_v(t);
+    const uint32_t sVb = VMODE == 0 ? sV0 : (((t - t_begin) & 1) ? sV1 : sV0);
+    if constexpr (VMODE == 0)
+      load_rows(sV0, vcol, t);
+    else
+      load_blocks(sVb, vcol, t);  // this buffer's last reader, P V(t - 2), completed before S(t - 1) did
     cp_async_commit();
     cp_async_wait<1>();  // K(t) (and, the first time, the Q stores above are this thread's too)
     fence_proxy_async_smem();
@@ -776,38 +821,46 @@ __global__ void __launch_bounds__(kV4Threads, 1)
 
     // S = Q K^T: 16 k-steps of 16 dims, Q's hi then lo piece into the same accumulators.
     float s[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    wgmma_fence_acc(s);
+    wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < HD / 16; ks++) {
       const uint32_t off = (ks >> 2) * 8192u + (ks & 3) * 32u;
       const uint64_t db = wg_desc(sK + off);
-      wgmma_64x64_ss(s, wg_desc(sQ + off), db, ks > 0 ? 1 : 0);
+      if (ks == 0)
+        wgmma_64x64_ss_first(s, wg_desc(sQ + off), db);
+      else
+        wgmma_64x64_ss(s, wg_desc(sQ + off), db, 1);
       wgmma_64x64_ss(s, wg_desc(sQ + 32768u + off), db, 1);
     }
     wgmma_commit();
-    wgmma_wait_acc(s);
+    wgmma_wait_acc(s);  // and so P V(t - 1), committed before
+    if constexpr (ASYNC) {
+      reg_fence_acc(acc);
+      keep_regs(T.ph);
+      keep_regs(T.pl);
+    }
 
-    TileSoftmax<NT> T;
     softmax_tile<NT>(s, t * KT, lane, G.scale_log2, w.lo_a, w.hi_a, w.lo_b, w.hi_b, max_a, max_b, sum_a, sum_b, T);
 
     cp_async_wait<0>();  // V(t)
-    __syncthreads();     // everyone's V(t) copies landed; every warpgroup is done with K(t)
+    if constexpr (VMODE != 0) fence_proxy_async_smem();
+    __syncthreads();  // everyone's V(t) copies landed; every warpgroup is done with K(t)
     if (t + 1 < t_end) {
-      load_k(t + 1);
+      load_blocks(sK, kcol, t + 1);
       cp_async_commit();
     }
+    if constexpr (VMODE == 0) {
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-      const int gi = warp * 8 + i, kb = gi >> 3, c = (gi & 7) * 4 + tm;
-      const int key = kb * 8 + tr, dim = c * 8 + tr;
-      uint32_t r4[4];
-      ldsm_x4_t(sVs + key * 512u + ((c ^ (key & 7)) << 4), r4);
-      stsm_x4(sVt + dim * 128u + ((kb ^ (dim & 7)) << 4), r4);
+      for (int i = 0; i < 8; i++) {
+        const int c = i * 4 + tm;
+        const int key = warp * 8 + tr, dim = c * 8 + tr;
+        uint32_t r4[4];
+        ldsm_x4_t(sV0 + key * 512u + ((c ^ (key & 7)) << 4), r4);
+        stsm_x4(sV1 + dim * 128u + ((warp ^ (dim & 7)) << 4), r4);
+      }
+      fence_proxy_async_smem();
+      __syncthreads();  // V^T complete (its last reader, P V(t - 1), completed before S(t) did)
     }
-    fence_proxy_async_smem();
-    __syncthreads();  // V^T complete
 
     // O = alpha O + P V: rescale (alpha = 1 for rows the tile misses, exact), then 4 k-steps of 16
     // keys, P's hi then lo piece.
@@ -821,11 +874,18 @@ __global__ void __launch_bounds__(kV4Threads, 1)
     wgmma_fence_acc(acc);
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
-      const uint64_t db = wg_desc(sVt + kk * 32u);
-      wgmma_64x256_rs(acc, T.ph[kk], db);
-      wgmma_64x256_rs(acc, T.pl[kk], db);
+      const uint64_t db = VMODE == 0 ? wg_desc(sV1 + kk * 32u) : wg_desc_v<VMODE>(sVb + kk * 2048u);
+      wgmma_64x256_rs<VMODE == 0 ? 0 : 1>(acc, T.ph[kk], db);
+      wgmma_64x256_rs<VMODE == 0 ? 0 : 1>(acc, T.pl[kk], db);
     }
     wgmma_commit();
+    if constexpr (!ASYNC) {
+      wgmma_wait_acc(acc);
+      keep_regs(T.ph);
+      keep_regs(T.pl);
+    }
+  }
+  if constexpr (ASYNC) {
     wgmma_wait_acc(acc);
     keep_regs(T.ph);
     keep_regs(T.pl);
@@ -835,17 +895,38 @@ __global__ void __launch_bounds__(kV4Threads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-void launch_prefill_v4(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
-                       const StepMeta* meta, cudaStream_t st) {
+template <int VMODE, bool ASYNC>
+void launch_prefill_v4_t(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
+                         const StepMeta* meta, cudaStream_t st) {
   static bool smem_set = false;
   if (!smem_set) {
-    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(kV4Smem)));
+    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v4_kernel<VMODE, ASYNC>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kV4Smem)));
     smem_set = true;
   }
-  launch_k(attn_prefill_v4_kernel, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q, K, V, out, G,
-           meta);
+  launch_k(attn_prefill_v4_kernel<VMODE, ASYNC>, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q,
+           K, V, out, G, meta);
   QF_CUDA_LAUNCH_CHECK("attn_prefill_v4_kernel");
+}
+
+void launch_prefill_v4(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
+                       const StepMeta* meta, cudaStream_t st) {
+  static const int opts = [] {
+    const char* e = std::getenv("QFLASH_ATTN_V4_OPTS");
+    int o = 0;
+    if (e && std::strstr(e, "async")) o |= 4;
+    if (e && std::strstr(e, "mnA")) o |= 1;
+    if (e && std::strstr(e, "mnB")) o |= 2;
+    return (o & 3) == 3 ? (o & ~2) : o;
+  }();
+  switch (opts) {
+    case 0: launch_prefill_v4_t<0, false>(q, K, V, out, G, meta, st); break;
+    case 1: launch_prefill_v4_t<1, false>(q, K, V, out, G, meta, st); break;
+    case 2: launch_prefill_v4_t<2, false>(q, K, V, out, G, meta, st); break;
+    case 4: launch_prefill_v4_t<0, true>(q, K, V, out, G, meta, st); break;
+    case 5: launch_prefill_v4_t<1, true>(q, K, V, out, G, meta, st); break;
+    default: launch_prefill_v4_t<2, true>(q, K, V, out, G, meta, st); break;
+  }
 }
 
 // Heads per block (the largest divisor of the group size <= kMaxWarps) and query rows per block.
