@@ -5,7 +5,7 @@
 //   --no-rows skips the sequential gdn_rows timing (slow at large M).
 //   --attn-rows also times one 27B attention layer's attention_prefill (24 q heads, 4 kv heads,
 //   head_dim 256, bf16 K/V, causal, a prompt of M rows from position 0) under the kernel that
-//   QFLASH_ATTN_PREFILL selects (v1 | v3), with its 16-layer total and TFLOP/s of causal attention;
+//   QFLASH_ATTN_PREFILL selects (v1 | v3 | v4), with its 16-layer total and TFLOP/s of causal attention;
 //   --attn-only skips the DeltaNet timings.
 #include <chrono>
 #include <functional>
@@ -102,7 +102,7 @@ int main(int argc, char** argv) {
   if (!attn_Ms.empty()) {
     const char* v = std::getenv("QFLASH_ATTN_PREFILL");
     std::printf("27B attention layer, attention_prefill (24 q heads, 4 kv heads, head_dim 256, bf16 K/V, causal), "
-                "QFLASH_ATTN_PREFILL=%s\n", v ? v : "(unset: v1)");
+                "QFLASH_ATTN_PREFILL=%s\n", v ? v : "(unset: v4 where it applies, else v3)");
     std::printf("%8s %12s %16s %14s\n", "rows", "ms / layer", "16 layers (ms)", "TFLOP/s");
   }
   for (int M : attn_Ms) {

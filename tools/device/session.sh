@@ -48,8 +48,6 @@
 #             lists the switch values the tests run under, ATTN_AB (default "v1 v3") those timed
 #   ncuattnsrc (not default) Nsight Compute source counters + stalls of the attention prefill kernel
 #             (one 27B layer, 8,192 rows) -> attn_source.csv.gz
-#   attnv4lab (not default) attention prefill v4's lab switches: tests and kernel time per V4_OPTS_LIST
-#             entry ("-" none, "+" joins tokens: "async+mnA")
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
 #   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
 #   adaptive  (not default) --draft-k auto (issue 15): the controller's tests on cuda, then the 27B
@@ -264,19 +262,6 @@ if want attnab; then
     QFLASH_ATTN_PREFILL=$av step "attnab_32k_$av" 120 plain "$BIN/qflash" bench --device cuda \
       --synthetic tests/fixtures/configs/qwen38_27b/config.json \
       --prompt-len 32768 --max-context 33024 --ops-only --no-mtp --reps 2 --json "$LOG/attnab_32k_$av.json"
-  done
-fi
-# Attention prefill v4's lab switches (QFLASH_ATTN_V4_OPTS, attention_prefill.cu): for each value in
-# V4_OPTS_LIST ("-" = none), the v4 tests (float64 bound, row/split invariance) and one 27B layer's
-# kernel time at 8k and 32k rows. A variant whose tests fail is not timed.
-if want attnv4lab; then
-  for o in ${V4_OPTS_LIST:-- async mnA mnB}; do
-    ov="${o//+/ }"; [[ "$ov" == "-" ]] && ov=""
-    tag="${o//+/_}"
-    QFLASH_ATTN_V4_OPTS="$ov" QFLASH_ATTN_PREFILL=v4 QFLASH_TOL_REPORT=1 step "v4lab_tests_$tag" 90 gtest "$BIN/qflash_tests" \
-      --gtest_filter='CudaAttentionPrefill.V4*:CudaAttentionPrefill.MatchesFloat64AndCpu:CudaAttentionPrefill.RowAndSplitInvariantBitForBit' --gtest_color=no \
-      && QFLASH_ATTN_V4_OPTS="$ov" QFLASH_ATTN_PREFILL=v4 step "v4lab_kernel_$tag" 60 plain "$BIN/qflash_gdn_bench" --attn-only \
-      --attn-rows 8192,32768 --reps 3
   done
 fi
 want parity && step parity 150 gtest "$BIN/qflash_tests" \

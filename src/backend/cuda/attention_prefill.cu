@@ -25,11 +25,15 @@
 // an update with zero weights), so the same row in a call that starts elsewhere or has another M
 // walks the same tiles with the same operands and produces the same bits.
 //
-// attn_prefill_v3_kernel (below), the default since run 34: the same operations per element in the
-// same order (so the same bits; CudaAttentionPrefill.V3MatchesV1BitForBit), two key tiles per
-// double-buffered stage for twice the independent mma chains per warp and half the Q fragment
-// reads; 18-20% less kernel time on the 27B shape (docs/experiments/prefill_kernels.md). v1 runs
-// where v3's shared memory does not fit, and under QFLASH_ATTN_PREFILL=v1.
+// attn_prefill_v3_kernel (below): the same operations per element in the same order (so the same
+// bits; CudaAttentionPrefill.V3MatchesV1BitForBit), two key tiles per double-buffered stage for twice
+// the independent mma chains per warp and half the Q fragment reads; 18-20% less kernel time on the
+// 27B shape (docs/experiments/prefill_kernels.md). v1 runs where v3's shared memory does not fit,
+// and under QFLASH_ATTN_PREFILL=v1.
+//
+// attn_prefill_v4_kernel (below), the default since run 38 where it applies (sm_90a, head_dim 256,
+// an even q-head group): warpgroup MMA (wgmma), v1's pieces and softmax step, its own bits; 0.52x of
+// v3's kernel time on the 27B layer at 32k rows (H100). v3 elsewhere and under QFLASH_ATTN_PREFILL=v3.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -584,60 +588,57 @@ void launch_prefill_v3(const float* q, const uint16_t* K, const uint16_t* V, flo
   QF_CUDA_LAUNCH_CHECK("attn_prefill_v3_kernel");
 }
 
-// ---- v4 (QFLASH_ATTN_PREFILL=v4): warpgroup MMA (wgmma, sm_90a) -------------------------------
+// ---- v4 (the default on sm_90a at head_dim 256): warpgroup MMA (wgmma) ---------------------------
 //
 // Why: v1/v3 issue one mma.sync m16n8k16 plus its ldmatrix fragment reads per 4 KFLOP; at the
-// 27B shape their warps spend their issue slots on that stream (Nsight: ~1 instruction per cycle
-// per SM, the tensor pipes far from busy). One wgmma m64nNk16 instruction does a warpgroup's 64
-// rows x N columns x 16 and reads its shared-memory operands itself.
+// 27B shape their warps spend their issue slots on that stream (Nsight, run 27: ~1 instruction per
+// cycle per SM, the tensor pipes far from busy). One wgmma m64nNk16 instruction does a warpgroup's
+// 64 rows x N columns x 16 and reads its shared-memory operands itself.
 //
 // Tiling (head_dim 256, an even number of q heads per kv head): a block is 2 warpgroups, one q head
-// each (heads 2 y and 2 y + 1 of one kv group), for the same 64 query rows; the K/V tile (64 keys)
+// each (heads 2 y and 2 y + 1 of one kv group), for the same 64 query rows; each K/V tile (64 keys)
 // is loaded once for both. Warp w of a warpgroup holds rows 16 w .. 16 w + 15 (the wgmma accumulator
-// layout), so prefill_warp<64> with 2 heads a block and 64 rows gives each warp its geometry.
+// layout, the same per warp as mma.sync's), so prefill_warp<64> with 2 heads and 64 rows a block
+// gives each warp its geometry, and v1's softmax step and output code apply unchanged.
 //
 // Arithmetic: the same pieces as v1 (q and p as bf16 hi + lo, both through the tensor cores; K and
-// V bf16 exact), fp32 accumulation, online softmax per tile with v1's softmax step (softmax_tile).
-// Different from v1: the output accumulates in the tensor core across tiles (o = alpha o, then
-// o += P V by wgmma) instead of fmaf(o, alpha, P V from zero), so v4's bits are its own; the error
-// bound is the same (tc_attention_bound), checked against float64 in the tests.
+// V bf16 exact), fp32 accumulation, v1's online-softmax step per tile (softmax_tile). Unlike v1
+// the output accumulates in the tensor core across tiles (o = alpha o, then o += P V by wgmma)
+// instead of fmaf(o, alpha, P V from zero), so v4's bits are its own; its error bound is v1's
+// (tc_attention_bound), checked against float64 (V4MatchesFloat64AndIsRowAndSplitInvariant).
 //
 // Row-invariance: a row's operations are fixed by its block's tile range, which depends only on the
-// row's position (blocks are 64 rows of the call; tiles are absolute buffer rows; a tile outside a
-// row's key range gives it alpha = 1 and p = 0, so o * 1 + 0 leaves the row's accumulators and its
-// max/sum untouched), so the row's bits do not depend on M or on where the call starts (tests:
-// V4MatchesFloat64AndIsRowAndSplitInvariant).
+// row's position (blocks are 64 rows of the call, calls start at multiples of 64 within a prompt
+// or the rows of a block all lie at the same positions whatever M is; tiles are absolute buffer
+// rows), and a tile outside a row's key range gives it alpha = 1 and p = 0: o * 1 + 0 and its
+// max/sum untouched. Tests: row and split invariance bit for bit, with calls starting anywhere.
 //
-// Shared memory (1024-byte aligned, 128-byte swizzle atoms of 8 rows x 128 bytes: the 16-byte chunk
-// c of atom row r at c ^ r), 225 KB: per warpgroup its Q hi and lo pieces [4 column blocks of 64]
-// [64 rows][128 B] (2 x 32 KB); K [4][64 keys][128 B] (32 KB); V as loaded [64 keys][512 B] (v1's
-// swizzle, 32 KB) and V transposed [256 dims][64 keys = 128 B] (32 KB, by ldmatrix.trans +
-// stmatrix), so every wgmma operand is K-major (the leading dimension contiguous).
-// One tile: V(t) loads during S = Q K(t)^T (32 wgmma: 16 k-steps x 2 pieces), K(t + 1) during the
-// transpose and O += P V (8 wgmma: 4 k-steps x 2 pieces).
+// Shared memory (1024-byte aligned; 128-byte swizzle atoms of 8 rows x 128 bytes, the 16-byte chunk c
+// of atom row r at c ^ r, atoms 1 KB apart), 225 KB: per warpgroup its Q hi and lo pieces [4 dim
+// blocks of 64][64 rows][128 B] (2 x 32 KB), K [4][64 keys][128 B] (32 KB), V in the same layout,
+// double-buffered (2 x 32 KB). Q and K are K-major operands of S = Q K^T; V is read by P V as an
+// MN-major operand (transpose bit; descriptor leading offset 8 KB between 64-dim blocks, stride
+// 1 KB between 8-key groups: the other assignment was measured to give wrong results, run 38).
+// One tile: V(t) loads during S(t) (32 wgmma: 16 k-steps x 2 pieces), K(t + 1) during P V(t)
+// (8 wgmma m64n256k16: 4 k-steps x 2 pieces, P from registers). Two barriers a tile.
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Shared-memory matrix descriptor of a K-major operand in 128-byte swizzle atoms stacked 1024 bytes
-// apart along M/N: start address >> 4, leading byte offset unused (1), stride byte offset 1024 >> 4,
-// swizzle mode 1 (128 B) in bits 62-63.
-__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr) {
-  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (1ull << 16) | (static_cast<uint64_t>(1024 >> 4) << 32) |
-         (1ull << 62);
+// Shared-memory matrix descriptor (128-byte swizzle, mode 1 in bits 62-63): start address >> 4,
+// leading byte offset >> 4 in bits 16-29, stride byte offset >> 4 in bits 32-45. K-major operands:
+// leading unused (1), stride 1 KB between 8-row atoms.
+__device__ __forceinline__ uint64_t wg_desc(uint32_t saddr, uint32_t lead = 16, uint32_t stride = 1024) {
+  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | (static_cast<uint64_t>(lead >> 4) << 16) |
+         (static_cast<uint64_t>(stride >> 4) << 32) | (1ull << 62);
 }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-// Generic-proxy writes to shared memory (st.shared, cp.async, stmatrix) made visible to the async
-// proxy that wgmma reads through; each writing thread fences after its writes, before the barrier.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+// Generic-proxy writes to shared memory (st.shared, cp.async) made visible to the async proxy that
+// wgmma reads through; each writing thread fences after its writes, before the barrier.
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 __device__ __forceinline__ void sts128(uint32_t addr, const uint4& v) {
   asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-// Four 8x8 b16 matrices to shared memory (lane l gives the row address of matrix l / 8).
-__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
-  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r[0]),
-               "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
 }
 // Keeps the P fragments' registers live (unchanged) until after the wait that ends the wgmma reading them.
@@ -646,7 +647,6 @@ __device__ __forceinline__ void keep_regs(const uint32_t (&a)[4][4]) {
                "r"(a[1][3]), "r"(a[2][0]), "r"(a[2][1]), "r"(a[2][2]), "r"(a[2][3]), "r"(a[3][0]), "r"(a[3][1]),
                "r"(a[3][2]), "r"(a[3][3]));
 }
-
 // D (+)= A B for one warpgroup: m64n64k16, A and B bf16 K-major in shared memory (descriptors),
 // fp32 accumulators in the m16n8 layout per warp (d[j]: columns 8 j .. 8 j + 7). accumulate 0: D = A B.
 __device__ __forceinline__ void wgmma_64x64_ss(float (&d)[8][4], uint64_t da, uint64_t db, int accumulate) {
@@ -667,28 +667,19 @@ __device__ __forceinline__ void wgmma_64x64_ss_first(float (&d)[8][4], uint64_t 
       : "=f"(d[0][0]), "=f"(d[0][1]), "=f"(d[0][2]), "=f"(d[0][3]), "=f"(d[1][0]), "=f"(d[1][1]), "=f"(d[1][2]), "=f"(d[1][3]), "=f"(d[2][0]), "=f"(d[2][1]), "=f"(d[2][2]), "=f"(d[2][3]), "=f"(d[3][0]), "=f"(d[3][1]), "=f"(d[3][2]), "=f"(d[3][3]), "=f"(d[4][0]), "=f"(d[4][1]), "=f"(d[4][2]), "=f"(d[4][3]), "=f"(d[5][0]), "=f"(d[5][1]), "=f"(d[5][2]), "=f"(d[5][3]), "=f"(d[6][0]), "=f"(d[6][1]), "=f"(d[6][2]), "=f"(d[6][3]), "=f"(d[7][0]), "=f"(d[7][1]), "=f"(d[7][2]), "=f"(d[7][3])
       : "l"(da), "l"(db), "r"(0));
 }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 // D += A B for one warpgroup: m64n256k16, A (bf16, the m16n8k16 A fragment per warp) in registers,
-// B bf16 in shared memory (descriptor; TB 0: K-major, 1: MN-major, i.e. stored [k][n]), fp32
+// B bf16 MN-major in shared memory (descriptor, transpose bit set: B stored [k][n]), fp32
 // accumulators d[j]: columns 8 j .. 8 j + 7.
-template <int TB>
 __device__ __forceinline__ void wgmma_64x256_rs(float (&d)[32][4], const uint32_t (&a)[4], uint64_t db) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
       "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, %134;\n}\n"
       : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(TB));
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1), "n"(1));
 }
-// Register fence: no access to d moves across it (the accumulators of an uncompleted wgmma).
-__device__ __forceinline__ void reg_fence_acc(float (&d)[32][4]) {
-  asm volatile("" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]));
-}
-// wgmma.fence with the accumulators as operands: register writes before it (zeroing, rescaling)
-// stay before it, as the ISA requires before a wgmma reads those registers.
-__device__ __forceinline__ void wgmma_fence_acc(float (&d)[8][4]) {
-  asm volatile("wgmma.fence.sync.aligned;\n" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]) : : "memory");
-}
+// wgmma.fence with the accumulators as operands: register writes before it (the rescaling) stay
+// before it, as the ISA requires before a wgmma reads those registers.
 __device__ __forceinline__ void wgmma_fence_acc(float (&d)[32][4]) {
   asm volatile("wgmma.fence.sync.aligned;\n" : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]), "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]), "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]), "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]), "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]), "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]), "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]), "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]), "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]), "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3]) : : "memory");
 }
@@ -704,25 +695,6 @@ __device__ __forceinline__ void wgmma_wait_acc(float (&d)[32][4]) {
 constexpr int kV4Threads = 256;
 constexpr size_t kV4Smem = 7 * 32768 + 1024;  // Q 4 x 32 KB, K, two V buffers 32 KB each, + alignment slack
 
-// Lab switches of v4 (QFLASH_ATTN_V4_OPTS, tokens "async", "mnA", "mnB"; measured, then one is kept):
-// VMODE 0: V staged as loaded, then transposed on chip (ldmatrix.trans + stmatrix) to V^T, K-major;
-// VMODE 1, 2: V loaded straight into K's layout ([4 dim blocks][64 keys][128 B], double-buffered) and
-// read by the P V wgmma as an MN-major operand (transpose bit set), with the two strides of its
-// descriptor assigned one way (1: leading = 8 KB between 64-dim blocks, stride = 1 KB between 8-key
-// groups) or the other (2). ASYNC: P V(t) is not waited for; it completes behind the S(t + 1) wait
-// (wgmma groups complete in order), so it overlaps the barrier, the loads and S(t + 1)'s issue.
-template <int VMODE>
-__device__ __forceinline__ uint64_t wg_desc_v(uint32_t saddr) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  if constexpr (VMODE == 0) return wg_desc(saddr);
-  const uint64_t lbo = VMODE == 1 ? 8192 : 1024, sbo = VMODE == 1 ? 1024 : 8192;
-  return static_cast<uint64_t>((saddr & 0x3FFFFu) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32) | (1ull << 62);
-#else
-  return saddr;
-#endif
-}
-
-template <int VMODE, bool ASYNC>
 __global__ void __launch_bounds__(kV4Threads, 1)
     attn_prefill_v4_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K,
                            const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
@@ -736,45 +708,35 @@ __global__ void __launch_bounds__(kV4Threads, 1)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
   const uint32_t sQ = sbase + wg * 65536u;  // hi [4][64][128 B], lo 32 KB further
   const uint32_t sK = sbase + 131072u;      // [4 dim blocks][64 keys][128 B]
-  const uint32_t sV0 = sK + 32768u;         // VMODE 0: V as loaded [64 keys][512 B]; else V buffer 0 (K's layout)
-  const uint32_t sV1 = sV0 + 32768u;        // VMODE 0: V^T [256 dims][128 B]; else V buffer 1
+  const uint32_t sV = sK + 32768u;          // two buffers in K's layout
 
   const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
   const int t_begin = w.t_begin, t_end = w.t_end;  // the same for every warp of the block
-  const int m0 = w.m0;
 
+  // Tile loads: thread t copies the 16-byte column chunk t % 32 of key rows t / 32 + 8 i.
   const int n_kv = meta->n_kv;
-  const int lc = tid & 31, lr0 = tid >> 5;  // this thread's 16-byte column chunk and first key row
+  const int lc = tid & 31, lr0 = tid >> 5;
   const uint16_t* kcol = K + static_cast<size_t>(w.g) * HD + lc * 8;
   const uint16_t* vcol = V + static_cast<size_t>(w.g) * HD + lc * 8;
-  const uint32_t kv_off = (lc >> 3) * 8192u + ((lc & 7) << 4);  // + r * 128, chunk XOR r & 7
-  auto load_blocks = [&](uint32_t dst, const uint16_t* col, int t) {  // K's layout
+  const uint32_t col_off = (lc >> 3) * 8192u + ((lc & 7) << 4);  // + r * 128, chunk XOR r & 7
+  auto load_tile = [&](uint32_t dst, const uint16_t* col, int t) {
 #pragma unroll
     for (int r = lr0; r < KT; r += kV4Threads / 32) {
       const int j = t * KT + r;
-      const bool ok = j < n_kv;
-      cp_async16((dst + kv_off + r * 128u) ^ ((r & 7) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
-                 ok ? 16 : 0);
-    }
-  };
-  auto load_rows = [&](uint32_t dst, const uint16_t* col, int t) {  // [64 keys][512 B], v1's swizzle
-#pragma unroll
-    for (int r = lr0; r < KT; r += kV4Threads / 32) {
-      const int j = t * KT + r;
-      const bool ok = j < n_kv;
-      cp_async16(dst + r * 512u + ((lc ^ (r & 7)) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
+      const bool ok = j < n_kv;  // zeros past the keys: P is 0 there, and 0 x 0 stays 0
+      cp_async16((dst + col_off + r * 128u) ^ ((r & 7) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
                  ok ? 16 : 0);
     }
   };
   if (t_end > t_begin) {
-    load_blocks(sK, kcol, t_begin);
+    load_tile(sK, kcol, t_begin);
     cp_async_commit();
   }
 
   // This warpgroup's 64 query rows of head w.h -> hi/lo bf16 pieces (zeros for rows past the call).
   for (int i = tid & 127; i < 64 * CH; i += 128) {
     const int r = i / CH, c = i % CH;
-    const int m = m0 + r;
+    const int m = w.m0 + r;
     float x[8];
     if (m < G.M) {
       const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + w.h) * HD + c * 8);
@@ -798,22 +760,12 @@ __global__ void __launch_bounds__(kV4Threads, 1)
 #pragma unroll
   for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
-  TileSoftmax<NT> T;  // ASYNC: tile t's P fragments stay live until the wait of S(t + 1)
-#pragma unroll
-  for (int kk = 0; kk < NT / 2; kk++)
-#pragma unroll
-    for (int e = 0; e < 4; e++) T.ph[kk][e] = T.pl[kk][e] = 0u;
-
-  // VMODE 0 transpose lanes: warp w takes keys 8 w .. 8 w + 7, dim chunks 4 i + (lane / 8) in step i;
-  // lane l reads row l % 8 of matrix l / 8 (ldmatrix.trans) and writes row l % 8 of its transpose.
-  const int tm = lane >> 3, tr = lane & 7;
 
   for (int t = t_begin; t < t_end; t++) {
-    const uint32_t sVb = VMODE == 0 ? sV0 : (((t - t_begin) & 1) ? sV1 : sV0);
-    if constexpr (VMODE == 0)
-      load_rows(sV0, vcol, t);
-    else
-      load_blocks(sVb, vcol, t);  // this buffer's last reader, P V(t - 2), completed before S(t - 1) did
+    // V(t)'s buffer was last read by P V(t - 2), which every warpgroup waited for before the
+    // second barrier of tile t - 1.
+    const uint32_t sVb = sV + ((t - t_begin) & 1) * 32768u;
+    load_tile(sVb, vcol, t);
     cp_async_commit();
     cp_async_wait<1>();  // K(t) (and, the first time, the Q stores above are this thread's too)
     fence_proxy_async_smem();
@@ -833,37 +785,21 @@ __global__ void __launch_bounds__(kV4Threads, 1)
       wgmma_64x64_ss(s, wg_desc(sQ + 32768u + off), db, 1);
     }
     wgmma_commit();
-    wgmma_wait_acc(s);  // and so P V(t - 1), committed before
-    if constexpr (ASYNC) {
-      reg_fence_acc(acc);
-      keep_regs(T.ph);
-      keep_regs(T.pl);
-    }
+    wgmma_wait_acc(s);
 
+    TileSoftmax<NT> T;
     softmax_tile<NT>(s, t * KT, lane, G.scale_log2, w.lo_a, w.hi_a, w.lo_b, w.hi_b, max_a, max_b, sum_a, sum_b, T);
 
     cp_async_wait<0>();  // V(t)
-    if constexpr (VMODE != 0) fence_proxy_async_smem();
+    fence_proxy_async_smem();
     __syncthreads();  // everyone's V(t) copies landed; every warpgroup is done with K(t)
     if (t + 1 < t_end) {
-      load_blocks(sK, kcol, t + 1);
+      load_tile(sK, kcol, t + 1);
       cp_async_commit();
     }
-    if constexpr (VMODE == 0) {
-#pragma unroll
-      for (int i = 0; i < 8; i++) {
-        const int c = i * 4 + tm;
-        const int key = warp * 8 + tr, dim = c * 8 + tr;
-        uint32_t r4[4];
-        ldsm_x4_t(sV0 + key * 512u + ((c ^ (key & 7)) << 4), r4);
-        stsm_x4(sV1 + dim * 128u + ((warp ^ (dim & 7)) << 4), r4);
-      }
-      fence_proxy_async_smem();
-      __syncthreads();  // V^T complete (its last reader, P V(t - 1), completed before S(t) did)
-    }
 
-    // O = alpha O + P V: rescale (alpha = 1 for rows the tile misses, exact), then 4 k-steps of 16
-    // keys, P's hi then lo piece.
+    // O = alpha O + P V: rescale (alpha = 1 for rows the tile misses: exact), then 4 k-steps of 16
+    // keys (16 keys x 128 B = 2 KB of V each), P's hi then lo piece.
 #pragma unroll
     for (int n = 0; n < HD / 8; n++) {
       acc[n][0] = __fmul_rn(acc[n][0], T.alpha_a);
@@ -874,18 +810,11 @@ __global__ void __launch_bounds__(kV4Threads, 1)
     wgmma_fence_acc(acc);
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
-      const uint64_t db = VMODE == 0 ? wg_desc(sV1 + kk * 32u) : wg_desc_v<VMODE>(sVb + kk * 2048u);
-      wgmma_64x256_rs<VMODE == 0 ? 0 : 1>(acc, T.ph[kk], db);
-      wgmma_64x256_rs<VMODE == 0 ? 0 : 1>(acc, T.pl[kk], db);
+      const uint64_t db = wg_desc(sVb + kk * 2048u, 8192u, 1024u);
+      wgmma_64x256_rs(acc, T.ph[kk], db);
+      wgmma_64x256_rs(acc, T.pl[kk], db);
     }
     wgmma_commit();
-    if constexpr (!ASYNC) {
-      wgmma_wait_acc(acc);
-      keep_regs(T.ph);
-      keep_regs(T.pl);
-    }
-  }
-  if constexpr (ASYNC) {
     wgmma_wait_acc(acc);
     keep_regs(T.ph);
     keep_regs(T.pl);
@@ -895,38 +824,17 @@ __global__ void __launch_bounds__(kV4Threads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <int VMODE, bool ASYNC>
-void launch_prefill_v4_t(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
-                         const StepMeta* meta, cudaStream_t st) {
-  static bool smem_set = false;
-  if (!smem_set) {
-    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v4_kernel<VMODE, ASYNC>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kV4Smem)));
-    smem_set = true;
-  }
-  launch_k(attn_prefill_v4_kernel<VMODE, ASYNC>, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q,
-           K, V, out, G, meta);
-  QF_CUDA_LAUNCH_CHECK("attn_prefill_v4_kernel");
-}
-
 void launch_prefill_v4(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
                        const StepMeta* meta, cudaStream_t st) {
-  static const int opts = [] {
-    const char* e = std::getenv("QFLASH_ATTN_V4_OPTS");
-    int o = 0;
-    if (e && std::strstr(e, "async")) o |= 4;
-    if (e && std::strstr(e, "mnA")) o |= 1;
-    if (e && std::strstr(e, "mnB")) o |= 2;
-    return (o & 3) == 3 ? (o & ~2) : o;
-  }();
-  switch (opts) {
-    case 0: launch_prefill_v4_t<0, false>(q, K, V, out, G, meta, st); break;
-    case 1: launch_prefill_v4_t<1, false>(q, K, V, out, G, meta, st); break;
-    case 2: launch_prefill_v4_t<2, false>(q, K, V, out, G, meta, st); break;
-    case 4: launch_prefill_v4_t<0, true>(q, K, V, out, G, meta, st); break;
-    case 5: launch_prefill_v4_t<1, true>(q, K, V, out, G, meta, st); break;
-    default: launch_prefill_v4_t<2, true>(q, K, V, out, G, meta, st); break;
+  static bool smem_set = false;
+  if (!smem_set) {
+    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kV4Smem)));
+    smem_set = true;
   }
+  launch_k(attn_prefill_v4_kernel, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q, K, V, out, G,
+           meta);
+  QF_CUDA_LAUNCH_CHECK("attn_prefill_v4_kernel");
 }
 
 // Heads per block (the largest divisor of the group size <= kMaxWarps) and query rows per block.
@@ -939,15 +847,16 @@ void prefill_block_shape(int group, int* hb, int* bq) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// v3 unless QFLASH_ATTN_PREFILL=v1 or v4 (read once per process; v3 is the default since run 34).
+// The QFLASH_ATTN_PREFILL switch (read once per process): v4 by default (it runs v3 where it does not
+// apply: other head dims, odd groups, devices other than sm_90a), v3 or v1 when asked for.
 int prefill_variant_env() {
   static const int v = [] {
     const char* e = std::getenv("QFLASH_ATTN_PREFILL");
     if (e && std::strcmp(e, "v1") == 0) return static_cast<int>(kPrefillV1);
-    if (e && std::strcmp(e, "v4") == 0) return static_cast<int>(kPrefillV4);
-    if (e && *e && std::strcmp(e, "v3") != 0)
-      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4); using v3\n", e);
-    return static_cast<int>(kPrefillV3);
+    if (e && std::strcmp(e, "v3") == 0) return static_cast<int>(kPrefillV3);
+    if (e && *e && std::strcmp(e, "v4") != 0)
+      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4); using v4\n", e);
+    return static_cast<int>(kPrefillV4);
   }();
   return v;
 }
