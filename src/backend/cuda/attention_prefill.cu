@@ -607,11 +607,12 @@ void launch_prefill_v3(const float* q, const uint16_t* K, const uint16_t* V, flo
 // instead of fmaf(o, alpha, P V from zero), so v4's bits are its own; its error bound is v1's
 // (tc_attention_bound), checked against float64 (V4MatchesFloat64AndIsRowAndSplitInvariant).
 //
-// Row-invariance: a row's operations are fixed by its block's tile range, which depends only on the
-// row's position (blocks are 64 rows of the call, calls start at multiples of 64 within a prompt
-// or the rows of a block all lie at the same positions whatever M is; tiles are absolute buffer
-// rows), and a tile outside a row's key range gives it alpha = 1 and p = 0: o * 1 + 0 and its
-// max/sum untouched. Tests: row and split invariance bit for bit, with calls starting anywhere.
+// Row-invariance: a warpgroup's wgmma covers all 64 rows, so there is no per-row skip as in v1.
+// A tile outside a row's key range gives the row alpha = 1 (o * 1: exact) and p = 0 (the tensor core
+// adds products that are all zero: exact, up to the sign of an accumulator that is exactly zero), and
+// v1's act flags keep its max and sum; so the extra tiles a block walks for its other rows, which
+// depend on M and on where the call starts, leave the row's bits as they are. Tests: row and split
+// invariance bit for bit with calls starting at rows 1, 5, 17, 63, 100.
 //
 // Shared memory (1024-byte aligned; 128-byte swizzle atoms of 8 rows x 128 bytes, the 16-byte chunk c
 // of atom row r at c ^ r, atoms 1 KB apart), 225 KB: per warpgroup its Q hi and lo pieces [4 dim
