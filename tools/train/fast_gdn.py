@@ -7,7 +7,7 @@
 same l2norm and 1/sqrt(k_dim) query scale; what differs is how the work is laid out:
 
 - the two unit-lower-triangular systems of a chunk (the "UT transform": new values u and decayed
-  keys w) are solved once, on their right-hand sides side by side ([v*beta | k*beta*exp(G)]),
+  keys w) are solved once, on their right-hand sides side by side ([v*beta | -k*beta*exp(G)]),
   either with one batched `torch.linalg.solve_triangular` (`solve="tri"`) or with an explicit
   inverse built from 2x2 block merges that uses matrix products only (`solve="block"`);
 - everything that does not depend on the state is computed for all chunks at once, and the
@@ -19,7 +19,8 @@ same l2norm and 1/sqrt(k_dim) query scale; what differs is how the work is laid 
   allows it) and the state stays float32, as the reference's explicit float32 casts intend (under
   bf16 autocast the reference's own products run in bf16).
 
-No custom backward: autograd differentiates all of it (solve_triangular included).
+Autograd differentiates all of it (solve_triangular included), except the block inverse, which has
+its own two-product backward.
 `install()` puts it in place of transformers' function; `reference()` returns transformers' PyTorch
 implementation (the decorator's `__wrapped__`). Checked against the reference on the CPU by
 tools/train/test_fast_gdn.py; docs/experiments/demo_data.md, "Fast GDN for training".
@@ -121,6 +122,10 @@ def chunk_gated_delta_rule(
 def _forward(query, key, value, g, beta, chunk_size, initial_state, use_l2norm, solve, dt):
     bsz, seq, heads, dk = key.shape
     dv = value.shape[-1]
+    if query.shape != key.shape or value.shape[:3] != key.shape[:3]:
+        raise ValueError(f"fast_gdn: query {tuple(query.shape)}, key {tuple(key.shape)} and value "
+                         f"{tuple(value.shape)} must share batch, sequence and heads (the layer repeats "
+                         "q/k to the value heads before the call)")
     # [B, T, H, D] -> [B, H, T, D] in the compute dtype (one copy each, as the reference)
     q, k, v = (x.transpose(1, 2).to(dt, memory_format=torch.contiguous_format) for x in (query, key, value))
     beta = beta.transpose(1, 2).to(dt)
