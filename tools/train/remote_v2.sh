@@ -9,8 +9,9 @@
 #   here:    bash tools/train/remote_v2.sh unpack FILES_AT   -> out/run_carry/ (the run, small enough to carry)
 #   call 2:  bash tools/train/remote_v2.sh train gen,drafter,package [flags]   carry ["out/run_carry"]
 #   here:    bash tools/train/remote_v2.sh install FILES_AT  -> models/demo/
-#   v3: `pack` also copies data/fla/*.whl (fla-core, einops) to data/carry/wheels/; `train` installs
-#   them and keeps them only if tools/train/gdn_check.py passes (GDN=torch: never).
+#   v3: `pack` also copies data/fla/*.whl (fla-core, einops) to data/carry/wheels/; with GDN=fla `train`
+#   installs them and keeps them only if tools/train/gdn_check.py passes. The default (GDN=fast) trains
+#   with tools/train/fast_gdn.py after gdn_check.py --gdn fast agrees; GDN=torch: transformers' reference.
 #
 # `train` exits 3 when the target stopped at its wall-clock guard: a call made while the machine
 # is still warm (out/ kept) resumes from target/ckpt.pt with the same command. A cold machine
@@ -50,18 +51,38 @@ case "$cmd" in
     if [ ! -d "$RUN/stages" ] && [ -d out/run_carry ]; then
       mkdir -p "$RUN" && cat out/run_carry/run.tar.xz.* | xz -dc | tar -C "$RUN" -xf -
     fi
-    # v3: carried fla-core wheels -> transformers' GDN layer uses fla's Triton kernel, if tools/train/gdn_check.py
-    # finds it agrees with the PyTorch reference on one batch; otherwise it is removed again (GDN=torch: skip)
-    if [ "${GDN:-fla}" = fla ] && ls data/carry/wheels/fla_core-*.whl >/dev/null 2>&1; then
-      python3 -m pip install -q --no-deps --no-index data/carry/wheels/*.whl || true
-      if ! HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 tools/train/gdn_check.py --shape small --steps 5 \
-          --json "$OUT/gdn_check.json"; then
-        echo "remote_v2: fla kernel rejected by gdn_check; training with the PyTorch reference" >&2
-        python3 -m pip uninstall -y -q fla-core || true
-      fi
-    fi
+    # the chunked gated delta rule of the target's GDN layers (train_all.py --gdn):
+    #   GDN=fast (default): tools/train/fast_gdn.py, if gdn_check.py finds it agrees with transformers' PyTorch
+    #     reference on one batch ($OUT/gdn_check.json, a few seconds); otherwise the reference
+    #   GDN=fla: carried fla-core wheels, kept only if gdn_check.py passes them (v3; fla rejects Hopper with the
+    #     device's Triton); rejected -> fast_gdn
+    #   GDN=torch: transformers' PyTorch reference
+    GDN_FLAGS=()
+    case "${GDN:-fast}" in
+      fast)
+        if ! HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 tools/train/gdn_check.py --gdn fast \
+            --solve "${GDN_SOLVE:-tri}" --shape small --steps 3 --json "$OUT/gdn_check.json"; then
+          echo "remote_v2: fast_gdn rejected by gdn_check; training with transformers' PyTorch reference" >&2
+          GDN_FLAGS=(--gdn ref)
+        else
+          GDN_FLAGS=(--gdn fast --gdn-solve "${GDN_SOLVE:-tri}")
+        fi ;;
+      fla)
+        if ls data/carry/wheels/fla_core-*.whl >/dev/null 2>&1; then
+          python3 -m pip install -q --no-deps --no-index data/carry/wheels/*.whl || true
+          if HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 python3 tools/train/gdn_check.py --shape small --steps 5 \
+              --json "$OUT/gdn_check.json"; then
+            GDN_FLAGS=(--gdn ref)
+          else
+            echo "remote_v2: fla kernel rejected by gdn_check; training with fast_gdn" >&2
+            python3 -m pip uninstall -y -q fla-core || true
+          fi
+        fi ;;
+      torch) GDN_FLAGS=(--gdn ref) ;;
+      *) echo "GDN must be fast, fla or torch" >&2; exit 2 ;;
+    esac
     rc=0
-    bash tools/train/train_all.sh "$RUN" "${FLAGS[@]}" --stage "$stages" "$@" || rc=$?
+    bash tools/train/train_all.sh "$RUN" "${FLAGS[@]}" "${GDN_FLAGS[@]}" --stage "$stages" "$@" || rc=$?
     # what a cold machine needs to go on: everything but the bf16 target, its optimizer
     # checkpoint and the regenerable continuations; the train stream cut to what gen samples
     # prompts from

@@ -234,6 +234,7 @@ def run(args, log):
         "train_sample_ppl_bf16": trainppl16,
         "lr": args.target_lr,
         "compiled": bool(getattr(args, "target_compile", False)),
+        "gdn": getattr(args, "gdn", "ref") + ("/" + args.gdn_solve if getattr(args, "gdn", "ref") == "fast" else ""),
     }
     C.write_json(tdir / "metrics.json", metrics)
     return metrics

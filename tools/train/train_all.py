@@ -60,6 +60,13 @@ def parse_args(argv=None):
                    help="the target (and MTP head) ship in int4, mlx layout; MTP, gen and drafter use the "
                         "dequantized int4 target, and later device calls need only the int4 file")
     p.add_argument("--int4-group", type=int, default=64)
+    p.add_argument("--gdn", choices=("fast", "ref"), default="fast",
+                   help="chunked gated delta rule of the target's GDN layers, in every stage that runs the target "
+                        "(target, mtp, gen, drafter, package): fast = tools/train/fast_gdn.py (same math, checked "
+                        "against transformers' on the CPU by test_fast_gdn.py); ref = transformers' own choice "
+                        "(its PyTorch reference, or fla's kernel when fla-core is installed)")
+    p.add_argument("--gdn-solve", choices=("tri", "block"), default="tri",
+                   help="fast_gdn's solver: tri = batched solve_triangular, block = block inverse from matrix products")
 
     g = p.add_argument_group("target")
     g.add_argument("--target-steps", type=int, default=1600)
@@ -164,6 +171,9 @@ def main(argv=None):
     except ImportError as e:  # pragma: no cover
         log(f"import failed: {e}")
         raise
+    import fast_gdn
+
+    fast_gdn.use(args.gdn, log=log, solve=args.gdn_solve)
     C.write_json(out / "args.json", vars(args))
     t_all = time.time()
     for st in stages:
