@@ -324,6 +324,27 @@ TEST(CudaGemm, RowInvariantOnPrefillShapes) {
   }
 }
 
+// QFLASH_PREFILL_WEIGHTS=keep: a tiled weight that carries its row-major original (row_copy) gives
+// the GEMM the same bits as untiling it per call, for every M: the copy is the same matrix, read by
+// the same pinned configuration.
+TEST(CudaGemm, RowCopyEqualsUntiledBitForBit) {
+  NEED_GPU();
+  for (auto [N, K] : {std::pair<int64_t, int64_t>{96, 320}, {5120, 6144}, {48, 5120}}) {
+    auto w = rand_bf16(N * K, 51 + N, 0.05f);
+    GpuWeight gw(G, w, N, K);
+    ASSERT_NE(gw.tiled, nullptr) << N << " x " << K << ": not relaid for the GEMV";
+    WeightRef kept = gw.ref_tiled;
+    kept.row_copy = gw.row.get();
+    for (int M : {1, 64, 300}) {
+      auto x = randn(static_cast<size_t>(M) * K, 61 + M);
+      auto dx = up(G, x);
+      const auto a = gpu_gemm(G, gw.ref_tiled, dx, M), b = gpu_gemm(G, kept, dx, M);
+      for (float v : a) ASSERT_TRUE(std::isfinite(v)) << N << " x " << K << " M=" << M;
+      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << N << " x " << K << " M=" << M;
+    }
+  }
+}
+
 #endif  // QFLASH_HAVE_CUDA
 
 }  // namespace

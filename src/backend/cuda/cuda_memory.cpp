@@ -109,6 +109,20 @@ const void* CudaBackend::relayout_matrix(const WeightRef& w, uint8_t* layout) {
   return d;
 }
 
+// QFLASH_PREFILL_WEIGHTS=keep: every bf16 matrix relaid for the GEMV keeps its row-major original
+// too (twice the bf16 weight memory: ~108 GB at 27B, an H200's), so the prefill GEMM reads it
+// directly instead of untiling it into scratch on every call (docs/DESIGN.md, "The GEMV's tiled
+// layout vs cuBLASLt"). Anything else (the default "untile") releases it.
+bool CudaBackend::keep_row_copy() const {
+  static const bool keep = [] {
+    const char* e = std::getenv("QFLASH_PREFILL_WEIGHTS");
+    if (e && *e && std::strcmp(e, "keep") != 0 && std::strcmp(e, "untile") != 0)
+      std::fprintf(stderr, "qflash: QFLASH_PREFILL_WEIGHTS=%s unknown (keep | untile); using untile\n", e);
+    return e && std::strcmp(e, "keep") == 0;
+  }();
+  return keep;
+}
+
 void CudaBackend::quantize_int4(const void* bf16, int64_t rows, int64_t cols, int group, void* q, void* scales,
                                 void* biases) {
   cuda::quantize_int4(bf16, rows, cols, group, q, scales, biases, st_);

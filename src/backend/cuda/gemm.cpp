@@ -216,7 +216,9 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
     return;
   }
   const void* w = W.data;
-  if (W.layout == WeightRef::kTc32x64) {
+  if (W.layout == WeightRef::kTc32x64 && W.row_copy) {
+    w = W.row_copy;  // the row-major original kept at load (QFLASH_PREFILL_WEIGHTS=keep)
+  } else if (W.layout == WeightRef::kTc32x64) {
     void* t = grow(wt_, wt_bytes_, static_cast<size_t>(N) * K * 2, st);
     gemm_untile(W.data, t, N, K, st);
     w = t;
@@ -248,7 +250,7 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
   if (seen->second) ws = grow(ws_, ws_bytes_, seen->second, st);
   const float alpha = 1.0f, beta = 0.0f;
   if (prof_on()) {
-    prof_tag("%lld x %lld, M=%d%s", (long long)N, (long long)K, M, W.layout == WeightRef::kTc32x64 ? ", untiled" : "");
+    prof_tag("%lld x %lld, M=%d%s", (long long)N, (long long)K, M, W.layout != WeightRef::kTc32x64 ? "" : W.row_copy ? ", row copy" : ", untiled");
     prof_before(st);
   }
   lt_check(cublasLtMatmul(h, p.op, &alpha, w, a.l, xb, b.l, &beta, yd, d.l, yd, d.l, &p.algo, ws, seen->second, st),
