@@ -485,7 +485,9 @@ TEST(CudaAttentionPrefill, V4MatchesFloat64AndIsRowAndSplitInvariant) {
     cudaDeviceProp prop{};
     ASSERT_EQ(cudaSuccess, cudaGetDevice(&dev));
     ASSERT_EQ(cudaSuccess, cudaGetDeviceProperties(&prop, dev));
-    if (prop.major == 9 && prop.minor == 0) ASSERT_TRUE(cuda::attention_prefill_v4_applies(p)) << tag;
+    if (prop.major == 9 && prop.minor == 0) {
+      ASSERT_TRUE(cuda::attention_prefill_v4_applies(p)) << tag;
+    }
     const int kvw = c.nkv * c.hd, nkeys = c.past + c.M;
     const uint64_t seed = 71 + static_cast<uint64_t>(c.nh) * 5 + c.M;
     const auto Kh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed, 1.5f));
