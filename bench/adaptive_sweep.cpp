@@ -136,6 +136,11 @@ int main(int argc, char** argv) {
                     static_cast<unsigned long long>(s), a.plain_cost, a.draft_cost, a.draft_tokens,
                     a.draft_tokens / std::max(a.draft_cost, 1e-9), a.warmup_cost, a.catchup_cost, a.switches, a.k_mean);
       details += d;
+      std::vector<int> per_k(src->max_k() + 1, 0);
+      for (int kk : a.ks) per_k[kk]++;
+      details += "    rounds per k:";
+      for (size_t kk = 0; kk < per_k.size(); kk++) details += " " + std::to_string(per_k[kk]);
+      details += "\n";
     }
     std::printf("%-24s %6s %9.3f |%s (%.3f) |%s (%.3f), k %.2f\n", c.name,
                 b.best_k ? ("k" + std::to_string(b.best_k)).c_str() : "plain", b.best / b.plain, per_best.c_str(),
