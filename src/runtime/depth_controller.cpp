@@ -26,7 +26,6 @@ DepthController::DepthController(int max_k, const Params& p)
            "depth controller: max_k %d, windows %d/%d, probes %d..%d", max_k, p.accept_window, p.cost_window,
            p.probe_first, p.probe_max);
   for (Mean& m : accept_) m = {p.prior_accept, 1};
-  deferred_.recent = {0.0};  // the pseudo-sample: no catch-up cost until probes say otherwise
 }
 
 // The cost of depth k from the measured depths other than k: interpolated between the nearest
@@ -65,26 +64,10 @@ double DepthController::expected_accepted(int k) const {
   return e;
 }
 
-// The excess of a warm-up round over the depth's cost, averaged over the depths that have warmed
-// up and been costed (plain always has, before any drafting round); times the warm-up rounds
-// depth k has still to run, over the horizon.
-double DepthController::warmup_charge(int k) const {
-  if (p_.warmup_horizon <= 0 || cost_[k].seen >= p_.cost_warmup) return 0;
-  double excess = 0;
-  int n = 0;
-  for (const Costs& c : cost_)
-    if (c.seen > p_.cost_warmup && !c.recent.empty()) {
-      excess += std::max(c.warm_ms / p_.cost_warmup - c.median, 0.0);
-      n++;
-    }
-  if (n == 0) return 0;
-  return excess / n * (p_.cost_warmup - cost_[k].seen) / p_.warmup_horizon;
-}
-
 int DepthController::best_drafting_k(int K) const {
   int best = 1;
   for (int k = 2; k <= K; k++)
-    if (choice_rate(k) > choice_rate(best)) best = k;
+    if (rate(k) > rate(best)) best = k;
   return best;
 }
 
@@ -93,7 +76,7 @@ int DepthController::choose(int limit) {
   const int K = std::min(max_k_, limit);
   if (K <= 0 || !cost_measured(0)) return 0;
   const int best = best_drafting_k(K);
-  if (choice_rate(best) > choice_rate(0)) return best;
+  if (rate(best) > rate(0)) return best;
   if (plain_run_ < wait_) return 0;
   probing_ = true;
   return best;
@@ -111,9 +94,7 @@ void DepthController::record(int k, int accepted, double cost_ms) {
            k, accepted);
   Costs& c = cost_[k];
   const double ms = std::max(cost_ms, 1e-9);
-  if (++c.seen <= p_.cost_warmup) {
-    c.warm_ms += ms;
-  } else {
+  if (++c.seen > p_.cost_warmup) {
     if (k > 0 && plain_run_ > 0 && cost_measured(k) && cost_measured(0)) {
       // This round ran the rows the last plain steps deferred (catch-up): what it cost beyond
       // the depth's own cost is theirs, charged per plain step to rate(0), and the depth's
@@ -132,7 +113,7 @@ void DepthController::record(int k, int accepted, double cost_ms) {
   for (int i = 1; i <= judged; i++) accept_[i].add(i <= accepted ? 1.0 : 0.0, p_.accept_window);
   plain_run_ = 0;
   // A probe that leaves plain steps ahead doubles the wait before the next one.
-  const bool drafting_wins = choice_rate(best_drafting_k(max_k_)) > choice_rate(0);
+  const bool drafting_wins = rate(best_drafting_k(max_k_)) > rate(0);
   wait_ = probing_ && !drafting_wins ? std::min(2 * wait_, p_.probe_max) : p_.probe_first;
   probing_ = false;
 }

@@ -10,9 +10,7 @@
 // median of that depth's last `cost_window` rounds, so that a one-off (a CUDA graph being recorded,
 // the previous round's observe finishing inside this one) does not move it and it follows the
 // context length as it grows; a depth not yet run is interpolated between its measured
-// neighbours; when choosing, a depth still in its warm-up is charged the warm-up it would still
-// pay, spread over `warmup_horizon` rounds, so that a short run does not wander through every
-// depth paying each one's warm-up. p_i is a short running average of the verdicts of draft i. A controller that stopped drafting would never see
+// neighbours. p_i is a short running average of the verdicts of draft i. A controller that stopped drafting would never see
 // acceptance again, so while plain steps win it probes: after `probe_first` plain steps it
 // drafts once at the best k > 0, and each probe that leaves plain ahead doubles the wait (up
 // to `probe_max`).
@@ -38,12 +36,6 @@ class DepthController {
     // times a replayed round on a small model (graph_runner.h); a depth still warming up is
     // priced from its measured neighbours.
     int cost_warmup = 2;
-    // A depth still in its warm-up is charged, when choosing, what its remaining warm-up rounds
-    // are expected to cost beyond its round cost (the excess measured on the depths that have
-    // warmed up), spread over this many rounds (0: no charge). Without it every depth looks as
-    // cheap as its neighbours say, and a run wanders through all of them paying each one's
-    // warm-up once (docs/experiments/adaptive_depth.md, 2026-12-06 evening).
-    int warmup_horizon = 64;
     int probe_first = 4;        // plain steps before the first probe
     int probe_max = 64;         // longest wait between probes (~1% of plain speed at 27B, see DESIGN)
   };
@@ -66,21 +58,12 @@ class DepthController {
   double accept_estimate(int i) const { return accept_[i].value; }  // p_i, i in 1..max_k
   bool cost_measured(int k) const { return !cost_[k].recent.empty(); }
   // What a plain step leaves for later (the source's deferred rows, run by the next drafting
-  // round's catch-up), per plain step, in ms: rate(0) charges it (docs/DESIGN.md). The lower
-  // median of the last `cost_window` samples after a 0 pseudo-sample, so that one slow probe (a
-  // host hiccup) cannot price plain steps out: while drafting wins nothing re-measures it.
-  double deferred_cost() const { return deferred_.median; }
+  // round's catch-up), per plain step, in ms: rate(0) charges it (docs/DESIGN.md).
+  double deferred_cost() const { return deferred_.value; }
   double cost_estimate(int k) const;                                 // measured or interpolated
   double expected_accepted(int k) const;                             // E[k]
   double rate(int k) const {
-    return (expected_accepted(k) + 1.0) / (cost_estimate(k) + (k == 0 ? std::max(deferred_cost(), 0.0) : 0.0));
-  }
-  // The warm-up a round of depth k still owes, per round of the horizon (0 once warmed up), and
-  // the rate the choice compares: rate(k) with that charge added to the cost.
-  double warmup_charge(int k) const;
-  double choice_rate(int k) const {
-    return (expected_accepted(k) + 1.0) /
-           (cost_estimate(k) + warmup_charge(k) + (k == 0 ? std::max(deferred_cost(), 0.0) : 0.0));
+    return (expected_accepted(k) + 1.0) / (cost_estimate(k) + (k == 0 ? std::max(deferred_.value, 0.0) : 0.0));
   }
   bool probing() const { return probing_; }  // the last choose() was a probe
   int probe_wait() const { return wait_; }
@@ -93,7 +76,6 @@ class DepthController {
   };
   struct Costs {
     int seen = 0;                // rounds of this depth so far, warm-up included
-    double warm_ms = 0;          // what its warm-up rounds cost, in all
     std::vector<double> recent;  // [<= window] the last rounds' costs, oldest first
     double median = 0;           // their lower median
     void add(double ms, int window);
@@ -105,7 +87,7 @@ class DepthController {
   Params p_;
   std::vector<Mean> accept_;  // [max_k+1]: index i = draft position i (index 0 unused)
   std::vector<Costs> cost_;   // [max_k+1]: index k = round depth
-  Costs deferred_;             // deferred cost per plain step, one sample per drafting round after plain steps
+  Mean deferred_;              // deferred cost per plain step (an EWMA over drafting rounds after plain steps)
   int plain_run_ = 0;         // plain steps since the last drafting round
   int wait_;                  // plain steps before the next probe
   bool probing_ = false;
