@@ -3,8 +3,10 @@
 // fixed depth for several noise seeds (docs/experiments/adaptive_depth.md). Not a test: the cases
 // that meet issue 15's target are tests in tests/e2e/demo_adaptive_test.cpp.
 //
-//   qflash_adaptive_sweep [--cases a,b,...] [--seeds 1,2,3,4] [--baselines FILE]
+//   qflash_adaptive_sweep [--cases a,b,...] [--seeds 1,2,3,4] [--baselines FILE] [--detail 1]
 //
+// --detail 1: per auto run, where its true cost went (decode steps): plain rounds, drafting rounds
+// (and the tokens they made), warm-up one-offs, catch-up, and the switches into drafting.
 // --baselines: plain and fixed-k rates per case are read from FILE when there, else measured and
 // written to it (they do not depend on the controller, so a controller change reruns auto only).
 #include <cstdio>
@@ -64,6 +66,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> want;
   std::vector<uint64_t> seeds = {1, 2, 3, 4};
   std::string cache_path;
+  bool detail = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--cases") want = split(v);
@@ -71,6 +74,7 @@ int main(int argc, char** argv) {
       seeds.clear();
       for (auto& s : split(v)) seeds.push_back(std::stoull(s));
     } else if (a == "--baselines") cache_path = v;
+    else if (a == "--detail") detail = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -108,7 +112,7 @@ int main(int argc, char** argv) {
       cache[c.name] = {{"plain", b.plain}, {"fixed", b.fixed}};
       if (!cache_path.empty()) std::ofstream(cache_path) << cache.dump(1);
     }
-    std::string per_best, per_plain, fixed_line;
+    std::string per_best, per_plain, fixed_line, details;
     double min_best = 1e9, min_plain = 1e9, kbar = 0;
     for (size_t k = 1; k < b.fixed.size(); k++) {
       char buf[32];
@@ -125,11 +129,24 @@ int main(int argc, char** argv) {
       min_best = std::min(min_best, a.rate / b.best);
       min_plain = std::min(min_plain, a.rate / b.plain);
       kbar += a.k_mean / seeds.size();
+      char d[256];
+      std::snprintf(d, sizeof d,
+                    "  seed %llu: plain %.0f, drafting %.0f (%.0f tokens, %.2f per step), warm-up %.0f, catch-up %.0f "
+                    "(%d switches), k mean %.2f\n",
+                    static_cast<unsigned long long>(s), a.plain_cost, a.draft_cost, a.draft_tokens,
+                    a.draft_tokens / std::max(a.draft_cost, 1e-9), a.warmup_cost, a.catchup_cost, a.switches, a.k_mean);
+      details += d;
+      std::vector<int> per_k(src->max_k() + 1, 0);
+      for (int kk : a.ks) per_k[kk]++;
+      details += "    rounds per k:";
+      for (size_t kk = 0; kk < per_k.size(); kk++) details += " " + std::to_string(per_k[kk]);
+      details += "\n";
     }
     std::printf("%-24s %6s %9.3f |%s (%.3f) |%s (%.3f), k %.2f\n", c.name,
                 b.best_k ? ("k" + std::to_string(b.best_k)).c_str() : "plain", b.best / b.plain, per_best.c_str(),
                 min_best, per_plain.c_str(), min_plain, kbar);
     std::printf("  fixed/plain:%s\n", fixed_line.c_str());
+    if (detail) std::printf("%s", details.c_str());
     std::fflush(stdout);
   }
   return 0;

@@ -53,6 +53,11 @@ struct Result {
   double rate = 0;  // tokens per decode step of true cost
   double k_mean = 0;
   std::vector<int> ks;
+  // Where the true cost went (decode steps): plain rounds, drafting rounds without their
+  // one-offs, the warm-up one-offs, the catch-up; the tokens of the drafting rounds; the drafting
+  // rounds that follow plain steps (switches into drafting).
+  double plain_cost = 0, draft_cost = 0, warmup_cost = 0, catchup_cost = 0, draft_tokens = 0;
+  int switches = 0;
 };
 
 // One Generator over all prompts (as the bench and a server hold it): fixed k, or auto (k < 0),
@@ -70,6 +75,9 @@ inline Result run(TargetModel& m, DraftSource* src, int k, const Machine& mc,
   double cost = 0, tokens = 0, ksum = 0;
   Result r;
   for (size_t i = 0; i < prompts.size(); i++) {
+    // A request starts the source over (DraftSource::begin drops the rows the last request's
+    // plain steps deferred): its first drafting round has nothing to catch up.
+    plain_run = 0;
     GenerateOptions o;
     o.max_new_tokens = gen;
     o.draft_k = src ? k : 0;
@@ -82,10 +90,18 @@ inline Result run(TargetModel& m, DraftSource* src, int k, const Machine& mc,
       if (spike(noise)) c *= 3.0;
       return (c + extra) * 0.31;
     };
-    auto on_round = [&](int, const std::vector<int32_t>& drafts, int, int32_t) {
+    auto on_round = [&](int, const std::vector<int32_t>& drafts, int accepted, int32_t) {
       const int kk = static_cast<int>(drafts.size());
       extra = runs[kk]++ < 2 ? mc.one_off : 0.0;
-      if (kk > 0 && plain_run > 0) extra += mc.catch_up * (1.0 + plain_run / 8.0);
+      r.warmup_cost += extra;
+      if (kk > 0 && plain_run > 0) {
+        const double cu = mc.catch_up * (1.0 + plain_run / 8.0);
+        extra += cu;
+        r.catchup_cost += cu;
+        r.switches++;
+      }
+      (kk == 0 ? r.plain_cost : r.draft_cost) += mc.cost(kk);
+      if (kk > 0) r.draft_tokens += accepted + 1;
       plain_run = kk == 0 ? plain_run + 1 : 0;
       cost += mc.cost(kk) + extra;
       ksum += kk;
