@@ -12,6 +12,9 @@
 #   v3: `pack` also copies data/fla/*.whl (fla-core, einops) to data/carry/wheels/; with GDN=fla `train`
 #   installs them and keeps them only if tools/train/gdn_check.py passes. The default (GDN=fast) trains
 #   with tools/train/fast_gdn.py after gdn_check.py --gdn fast agrees; GDN=torch: transformers' reference.
+#   COMPILE_MODEL=auto|on|off (default auto = on, the device being CUDA): train_all.py --compile-model, the
+#   target's training forward through torch.compile (whole model; ~95 s first step, outside the budget
+#   clock, so give --target-max-min ~2 min more than --target-budget-min).
 #
 # `train` exits 3 when the target stopped at its wall-clock guard: a call made while the machine
 # is still warm (out/ kept) resumes from target/ckpt.pt with the same command. A cold machine
@@ -81,8 +84,13 @@ case "$cmd" in
       torch) GDN_FLAGS=(--gdn ref) ;;
       *) echo "GDN must be fast, fla or torch" >&2; exit 2 ;;
     esac
+    # the target's training forward through torch.compile (train_all.py --compile-model; auto = on for CUDA)
+    case "${COMPILE_MODEL:-auto}" in
+      auto|on|off) COMPILE_FLAGS=(--compile-model "${COMPILE_MODEL:-auto}") ;;
+      *) echo "COMPILE_MODEL must be auto, on or off" >&2; exit 2 ;;
+    esac
     rc=0
-    bash tools/train/train_all.sh "$RUN" "${FLAGS[@]}" "${GDN_FLAGS[@]}" --stage "$stages" "$@" || rc=$?
+    bash tools/train/train_all.sh "$RUN" "${FLAGS[@]}" "${GDN_FLAGS[@]}" "${COMPILE_FLAGS[@]}" --stage "$stages" "$@" || rc=$?
     # what a cold machine needs to go on: everything but the bf16 target, its optimizer
     # checkpoint and the regenerable continuations; the train stream cut to what gen samples
     # prompts from
