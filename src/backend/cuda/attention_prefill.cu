@@ -31,7 +31,7 @@
 // 27B shape (docs/experiments/prefill_kernels.md). v1 runs where v3's shared memory does not fit,
 // and under QFLASH_ATTN_PREFILL=v1.
 //
-// attn_prefill_v4_kernel (below), the default since run 38 where it applies (sm_90a, head_dim 256,
+// attn_prefill_v4_kernel (below), the default since run 39 where it applies (sm_90a, head_dim 256,
 // an even q-head group): warpgroup MMA (wgmma), v1's pieces and softmax step, its own bits; 0.52x of
 // v3's kernel time on the 27B layer at 32k rows (H100). v3 elsewhere and under QFLASH_ATTN_PREFILL=v3.
 #include <cmath>
