@@ -103,6 +103,26 @@ __device__ __forceinline__ PrefillWarp prefill_warp(const PrefillGeom& G, const 
   return w;
 }
 
+// Query row m of head h, 16-byte column chunk c (8 values) -> its hi/lo bf16 pieces (zeros for
+// rows past the call): the staging of v1/v3 and of v4, which differ only in where they store them.
+template <int HD>
+__device__ __forceinline__ void q_pieces(const float* __restrict__ q, const PrefillGeom& G, int m, int h, int c,
+                                         uint4& hi, uint4& lo) {
+  float x[8];
+  if (m < G.M) {
+    const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + h) * HD + c * 8);
+    const float4 u = src[0], v = src[1];
+    x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) x[e] = 0.0f;
+  }
+  split_bf16x2(x[0], x[1], hi.x, lo.x);
+  split_bf16x2(x[2], x[3], hi.y, lo.y);
+  split_bf16x2(x[4], x[5], hi.z, lo.z);
+  split_bf16x2(x[6], x[7], hi.w, lo.w);
+}
+
 // The warp's 16 query rows of head h -> hi/lo bf16 pieces in shared memory (sQ: hi [16][HD], then
 // lo [16][HD], swizzled; zeros for rows past the call).
 template <int HD>
@@ -112,20 +132,8 @@ __device__ __forceinline__ void prefill_stage_q(const float* __restrict__ q, uin
   for (int i = lane; i < 16 * CH; i += 32) {
     const int r = i / CH, c = i % CH;
     const int m = mw + r;
-    float x[8];
-    if (m < G.M) {
-      const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + h) * HD + c * 8);
-      const float4 u = src[0], v = src[1];
-      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++) x[e] = 0.0f;
-    }
     uint4 hi, lo;
-    split_bf16x2(x[0], x[1], hi.x, lo.x);
-    split_bf16x2(x[2], x[3], hi.y, lo.y);
-    split_bf16x2(x[4], x[5], hi.z, lo.z);
-    split_bf16x2(x[6], x[7], hi.w, lo.w);
+    q_pieces<HD>(q, G, m, h, c, hi, lo);
     sQ[swz<HD>(r, c)] = hi;
     sQ[16 * CH + swz<HD>(r, c)] = lo;
   }
@@ -738,20 +746,8 @@ __global__ void __launch_bounds__(kV4Threads, 1)
   for (int i = tid & 127; i < 64 * CH; i += 128) {
     const int r = i / CH, c = i % CH;
     const int m = w.m0 + r;
-    float x[8];
-    if (m < G.M) {
-      const float4* src = reinterpret_cast<const float4*>(q + (static_cast<size_t>(m) * G.n_heads + w.h) * HD + c * 8);
-      const float4 u = src[0], v = src[1];
-      x[0] = u.x, x[1] = u.y, x[2] = u.z, x[3] = u.w, x[4] = v.x, x[5] = v.y, x[6] = v.z, x[7] = v.w;
-    } else {
-#pragma unroll
-      for (int e = 0; e < 8; e++) x[e] = 0.0f;
-    }
     uint4 hi, lo;
-    split_bf16x2(x[0], x[1], hi.x, lo.x);
-    split_bf16x2(x[2], x[3], hi.y, lo.y);
-    split_bf16x2(x[4], x[5], hi.z, lo.z);
-    split_bf16x2(x[6], x[7], hi.w, lo.w);
+    q_pieces<HD>(q, G, m, w.h, c, hi, lo);
     const uint32_t o = (c >> 3) * 8192u + r * 128u + (((c & 7) ^ (r & 7)) << 4);
     sts128(sQ + o, hi);
     sts128(sQ + 32768u + o, lo);
