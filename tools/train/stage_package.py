@@ -354,6 +354,40 @@ PROMPT_RULE_TEXT = {
 }
 
 
+def read_antiloop(out: Path):
+    p = Path(out) / "antiloop" / "metrics.json"
+    return C.read_json(p) if p.exists() else None
+
+
+def antiloop_card_text(al) -> str:
+    """The card's paragraph on stage `antiloop` (tools/train/stage_antiloop.py), or nothing."""
+    if not al or al.get("skipped"):
+        return ""
+    c, b, a = al["config"], al["before"], al["after"]
+    verdict = ("kept" if al["kept"] else
+               f"discarded (held-out perplexity rose {al['val_ppl_rise'] * 100:.1f}%, over the "
+               f"{c['antiloop_max_ppl_rise'] * 100:.0f}% allowed), so the target above is the one trained")
+    return f"""
+Antiloop fine-tune (`tools/train/stage_antiloop.py`, {verdict}): {al['steps']} steps in {al['train_seconds']:.0f} s from
+the {al['start_from']} target; each step the next-token loss on {c['antiloop_mle_batch']} train windows plus
+{c['antiloop_alpha']} x an unlikelihood term (Welleck et al. 2019) on {c['antiloop_ul_batch']} of the model's own greedy
+{c['antiloop_new']}-token continuations of train-split line-start prompts: every continuation token inside a
+repeated {c['antiloop_ngram']}-gram gets -log(1 - p). Measured on {len_or(c, 'antiloop_eval_prompts')} train- and
+validation-split line-start prompts, {c['antiloop_new']} greedy tokens, with the shipped rounding:
+
+| | before | after |
+|---|---|---|
+| held-out perplexity | {b['val_ppl']:.3f} | {a['val_ppl']:.3f} |
+| continuations with a loop (issue 16's definition), train prompts | {b['loops_train_prompts']:.3f} | {a['loops_train_prompts']:.3f} |
+| continuations with a loop, validation prompts | {b['loops_val_prompts']:.3f} | {a['loops_val_prompts']:.3f} |
+| continuation tokens inside a repeated 8-gram, validation prompts | {b['repeated8_share_val']:.3f} | {a['repeated8_share_val']:.3f} |
+"""
+
+
+def len_or(c, key):
+    return c.get(key, "?")
+
+
 def write_card(demo: Path, out: Path, args, prompts, checks):
     kinds = {p["kind"] for p in prompts}
     prompt_rule_text = PROMPT_RULE_TEXT["docfunc" if "docfunc" in kinds else "heads"]
@@ -392,6 +426,16 @@ def write_card(demo: Path, out: Path, args, prompts, checks):
                   f"KV {tc['num_key_value_heads']} / head_dim 64,\npartial rotary 0.25, GDN key heads "
                   f"{tc['linear_num_key_heads']} / value heads {tc['linear_num_value_heads']} / dims 64, intermediate "
                   f"{tc['intermediate_size']}, vocab 8192")
+    al = read_antiloop(out)
+    if al and al.get("kept"):
+        ppl_row = (f"| **validation perplexity** | **{tm['val_ppl_bf16']:.3f}** with the shipped bf16 weights after the "
+                   f"antiloop fine-tune (before it: {al['before']['val_ppl']:.3f} with the int4 weights it started from), "
+                   f"{tm['val_tokens']:,} tokens, non-overlapping {tm['seq']}-token windows |")
+    else:
+        ppl_row = (f"| **validation perplexity** | **{tm['val_ppl_bf16']:.3f}** with the shipped bf16 weights "
+                   f"({tm['val_ppl_fp32']:.3f} fp32 master weights), {tm['val_tokens']:,} tokens, non-overlapping "
+                   f"{tm['seq']}-token windows |")
+    antiloop_text = antiloop_card_text(al)
     stored = (f"stored int4 (mlx layout, group {args.int4_group}; MTP head too), validation perplexity of the "
               f"int4 weights {tm.get('val_ppl_int4')}" if args.ship_int4 else "stored bf16")
     if "projects" in man:  # tools/train/pypi_corpus.py
@@ -448,8 +492,8 @@ rope theta 1e7, untied; {tm['params']:,} parameters, {stored}.
 | kept checkpoint | step {tm.get('kept_step', tm['steps'])}: lowest validation perplexity among evaluations every {runargs.get('target_eval_every')} steps (curve: {', '.join(f"{st}: {pp:.2f}" for st, pp in tm.get('val_curve', []))}) |
 | train time | {tm['train_seconds']:.0f} s |
 | final train loss | {tm['final_train_loss']:.4f} |
-| **validation perplexity** | **{tm['val_ppl_bf16']:.3f}** with the shipped bf16 weights ({tm['val_ppl_fp32']:.3f} fp32 master weights), {tm['val_tokens']:,} tokens, non-overlapping {tm['seq']}-token windows |
-
+{ppl_row}
+{antiloop_text}
 ## MTP head (`mtp.*` in the last shard)
 
 One layer, published Qwen3.5/3.8 schema (15 tensors), `tools/reference/mtp_ref.py` `MTPHead`,

@@ -8,7 +8,7 @@ One command trains everything:
     python3 tools/train/train_all.py --out OUT_DIR --stage part2  # gen,drafter,package
 
 Stages (in order): corpus (stdlib corpus + tokenizer + token streams), target,
-mtp, gen (target greedy continuations), drafter, package (writes OUT_DIR/demo/).
+antiloop (unlikelihood fine-tune against the target's own greedy loops), mtp, gen (target greedy continuations), drafter, package (writes OUT_DIR/demo/).
 Each stage writes OUT_DIR/stages/<stage>.json when it finishes; a finished
 stage is skipped on a re-run unless --force is given, so a run that was cut
 off resumes at the first unfinished stage. `--smoke` runs a tiny CPU-sized
@@ -35,10 +35,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common as C  # noqa: E402
 
-STAGES = ["corpus", "target", "mtp", "gen", "drafter", "package"]
+STAGES = ["corpus", "target", "antiloop", "mtp", "gen", "drafter", "package"]
 GROUPS = {
     "all": STAGES,
-    "part1": ["corpus", "target", "mtp"],
+    "part1": ["corpus", "target", "antiloop", "mtp"],
     "part2": ["gen", "drafter", "package"],
 }
 
@@ -93,6 +93,29 @@ def parse_args(argv=None):
     g.add_argument("--target-eval-every", type=int, default=100,
                    help="validation perplexity every N steps; the best checkpoint is kept (0: off, keep last)")
 
+    g = p.add_argument_group("antiloop")
+    g.add_argument("--antiloop-min", type=float, default=2.0,
+                   help="minutes of unlikelihood fine-tuning of the target against its own greedy loops "
+                        "(tools/train/stage_antiloop.py; 0: skip the stage)")
+    g.add_argument("--antiloop-steps", type=int, default=100000, help="upper bound on steps (the budget decides)")
+    g.add_argument("--antiloop-lr", type=float, default=3e-4)
+    g.add_argument("--antiloop-warmup", type=int, default=20)
+    g.add_argument("--antiloop-alpha", type=float, default=1.0, help="weight of the unlikelihood term")
+    g.add_argument("--antiloop-ngram", type=int, default=8, help="a token inside a repeated n-gram is a candidate")
+    g.add_argument("--antiloop-prompt-len", type=int, default=64)
+    g.add_argument("--antiloop-new", type=int, default=128, help="greedy tokens per continuation")
+    g.add_argument("--antiloop-pool", type=int, default=4096, help="continuations generated per refresh")
+    g.add_argument("--antiloop-refresh", type=int, default=64, help="steps between pool refreshes")
+    g.add_argument("--antiloop-ul-batch", type=int, default=64, help="continuations per step")
+    g.add_argument("--antiloop-mle-batch", type=int, default=32, help="train windows per step (next-token loss)")
+    g.add_argument("--antiloop-eval-prompts", type=int, default=512, help="line-start prompts per split, before/after")
+    g.add_argument("--antiloop-eval-windows", type=int, default=0, help="held-out ppl windows (0: all)")
+    g.add_argument("--antiloop-qat", type=int, default=1,
+                   help="with --ship-int4: 1 = the forward sees the int4 round trip of each shipped matrix "
+                        "(straight-through gradient); 0 = plain float32 fine-tune, rounded afterwards")
+    g.add_argument("--antiloop-max-ppl-rise", type=float, default=0.08,
+                   help="discard the fine-tune if the held-out perplexity rises by more than this fraction")
+
     g = p.add_argument_group("mtp")
     g.add_argument("--mtp-steps", type=int, default=1000)
     g.add_argument("--mtp-seq", type=int, default=512)
@@ -137,12 +160,15 @@ def apply_smoke(a, p):
     a.target_steps, a.target_seq, a.target_batch, a.target_warmup = 12, 64, 4, 3
     a.target_eval_every = 6
     a.mtp_steps, a.mtp_seq, a.mtp_batch = 6, 64, 4
+    a.antiloop_steps, a.antiloop_prompt_len, a.antiloop_new, a.antiloop_pool = 4, 16, 24, 8
+    a.antiloop_refresh, a.antiloop_ul_batch, a.antiloop_mle_batch, a.antiloop_eval_prompts = 2, 4, 2, 8
+    a.antiloop_eval_windows, a.antiloop_warmup = 8, 2
     a.gen_prompts, a.gen_batch, a.gen_prompt_len, a.gen_new, a.gen_heldout = 16, 12, 16, 24, 8
     a.drafter_steps, a.drafter_batch, a.drafter_anchors, a.drafter_warmup = 10, 4, 4, 2
     a.eval_walk = 8
     # the smoke run must not depend on machine load: no wall-clock guards, unless one is given
     # (the resume dry run gives --target-max-min)
-    for g in ("target_max_min", "mtp_max_min", "gen_max_min", "drafter_max_min"):
+    for g in ("target_max_min", "antiloop_min", "mtp_max_min", "gen_max_min", "drafter_max_min"):
         if getattr(a, g) == p.get_default(g):
             setattr(a, g, 1e6)
     if a.device is None:
