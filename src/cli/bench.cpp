@@ -17,6 +17,7 @@
 #include "io/int4_cache.h"
 #include "io/safetensors.h"
 #include "runtime/engine.h"
+#include "runtime/fit.h"
 #include "runtime/options.h"
 
 namespace qf::cli {
@@ -146,7 +147,6 @@ int cmd_bench(const BenchArgs& a) {
     target = Qwen38Model::load(dir, be.get(), max_rows, wo);
     tok = std::make_unique<Tokenizer>(Tokenizer::load(dir));
   }
-  target->set_prefill_rows(static_cast<int>(a.prefill_chunk));
   const TargetConfig& c = target->config();
   // Bytes the target reads per decode step: every weight except the embedding (a row lookup).
   const WeightRef& E = target->embed_weight();
@@ -171,6 +171,15 @@ int cmd_bench(const BenchArgs& a) {
     dfl = std::make_unique<DFlashDraftSource>(DFlash2Drafter::load_synthetic(a.synthetic_drafter, *target, 2));
   else if (!drafter.empty() && drafter != "none" && drafter != "mtp")
     dfl = std::make_unique<DFlashDraftSource>(DFlash2Drafter::load(drafter, *target));
+  // --prefill-chunk auto as `qflash run` chooses it (fit.h), here from what is free after the loads.
+  int64_t prefill_chunk = a.prefill_chunk;
+  if (prefill_chunk == kPrefillRowsAuto) {
+    size_t total = 0;
+    const size_t free_b = be->is_gpu() ? be->memory_free(&total) : 0;
+    const size_t other = cache_bytes(c, static_cast<int>(a.max_context), 17) + max_rows * work_row_bytes(c);
+    prefill_chunk = auto_prefill_rows(be->is_gpu(), wo.int4 || c.quant_bits == 4, free_b, total, other, c);
+  }
+  target->set_prefill_rows(static_cast<int>(prefill_chunk));
 
   // Peak device memory of what `qflash run` would hold: the loads (weights, drafter, load-time
   // copies), then the generation runs below; the op timings' own state (17 capture slots for
@@ -201,14 +210,14 @@ int cmd_bench(const BenchArgs& a) {
     // The round loop's prefill: chunks of --prefill-chunk rows through the prefill ops (0: the
     // decode forward, max_rows at a time); with a drafter, its tap rows are kept and appended to
     // the drafter's context as the loop does.
-    const int pchunk = a.prefill_chunk > 0 ? static_cast<int>(a.prefill_chunk) : max_rows;
+    const int pchunk = prefill_chunk > 0 ? static_cast<int>(prefill_chunk) : max_rows;
     auto prefill = [&](int n, DFlashDraftSource* ds) {
       target->reset(*st);
       if (ds) ds->begin(n);
       for (int off = 0; off < n; off += pchunk) {
         const int m = std::min(pchunk, n - off);
         ForwardOpts po;
-        po.prefill = a.prefill_chunk > 0;
+        po.prefill = prefill_chunk > 0;
         po.lm_head = off + m == n;
         po.logits_last_only = true;
         po.taps = ds != nullptr;
@@ -222,7 +231,8 @@ int cmd_bench(const BenchArgs& a) {
     const double pre_ms = time_ms(*be, std::max(1, std::min(a.reps, 3)), [&] { prefill(P, nullptr); });
     ops["prefill_ms"] = pre_ms;
     ops["prefill_tokens_per_second"] = P / (pre_ms * 1e-3);
-    ops["prefill_chunk"] = a.prefill_chunk;
+    ops["prefill_chunk"] = prefill_chunk;
+    ops["prefill_chunk_auto"] = a.prefill_chunk == kPrefillRowsAuto;
     std::vector<int32_t> toks(16, prompt[0]);
     ForwardOpts fo;
     fo.taps = dfl != nullptr;
@@ -275,7 +285,7 @@ int cmd_bench(const BenchArgs& a) {
       profile("prefill (one chunk)", [&] {
         target->reset(*st);
         ForwardOpts po;
-        po.prefill = a.prefill_chunk > 0;
+        po.prefill = prefill_chunk > 0;
         po.logits_last_only = true;
         po.final_hidden = false;
         target->forward(*st, prompt.data(), std::min(P, pchunk), po);
@@ -421,9 +431,9 @@ int cmd_bench(const BenchArgs& a) {
                                      (unsigned long long)a.seed);
   std::printf("\n");
   const auto& ops = out["ops"];
-  std::printf("prefill %d tokens %.1f ms (%.0f tokens/s, chunks of %lld rows)\n", a.prompt_len,
+  std::printf("prefill %d tokens %.1f ms (%.0f tokens/s, chunks of %lld rows%s)\n", a.prompt_len,
               ops["prefill_ms"].get<double>(), ops["prefill_tokens_per_second"].get<double>(),
-              (long long)a.prefill_chunk);
+              (long long)prefill_chunk, a.prefill_chunk == kPrefillRowsAuto ? ", auto" : "");
   std::printf("at context %d: decode step %.3f ms (%.0f GB/s, %.0f%% of ceiling)", a.prompt_len, ops["decode_ms"].get<double>(),
               ops["decode_gbps"].get<double>(), 100.0 * ops["decode_gbps"].get<double>() / ceiling);
   std::printf(" | verify 8 rows / decode %.3f", ops["verify8_over_decode"].get<double>());
@@ -443,6 +453,12 @@ int cmd_bench(const BenchArgs& a) {
     std::printf("peak memory %.2f GB of %.2f GB (load + generation; weights %s%s, --max-context %lld)\n", peak / 1e9,
                 out["memory_total_bytes"].get<size_t>() / 1e9, a.weights.c_str(),
                 a.weights == "int4" ? (", lm_head " + a.lm_head).c_str() : "", (long long)a.max_context);
+  // The op timings hold the prompt's own state (K/V for --prompt-len + 64 positions, 17 GDN capture
+  // slots) beside the loads: at a long --prompt-len (and with --ops-only, where no generation runs)
+  // that is the peak of the prefill itself.
+  if (peak_ops)
+    std::printf("peak memory of the op timings %.2f GB (loads + the prefill of %d tokens and its state)\n",
+                std::max(peak_load, peak_ops) / 1e9, a.prompt_len);
   if (!a.json.empty()) write_file_atomic(a.json, out.dump(2) + "\n");
   return 0;
 }
@@ -454,8 +470,10 @@ void add_bench_options(CLI::App* c, BenchArgs& a) {
   c->add_option("--drafter", a.drafter, "DFlash2 drafter folder (default: MODEL/drafter)");
   c->add_option("--device", a.device, "auto | cpu | cuda");
   c->add_option("--prompt-len", a.prompt_len, "prompt tokens (random ids): prefill timed, decode and verify at this context");
-  c->add_option("--prefill-chunk", a.prefill_chunk,
-                "prompt rows per prefill forward (a multiple of 64, default 4096; 0 = the decode forward)");
+  c->add_option_function<std::string>(
+      "--prefill-chunk", [&a](const std::string& r) { a.prefill_chunk = parse_prefill_rows(r); },
+      "prompt rows per prefill forward: auto (default: on a GPU the largest of 8192/4096/2048/1024 that fits, "
+      "4096 at most with int4 weights; 4096 on the CPU) or a multiple of 64; 0 = the decode forward");
   c->add_option("--gen", a.gen, "new tokens per run");
   c->add_option("--reps", a.reps, "repetitions of each op timing (median)");
   c->add_option("--force-accept", a.force_accept, "comma list of forced accept counts (random models)");

@@ -14,8 +14,10 @@ void add_engine_flags(CLI::App* c, EngineOptions& o) {
   c->add_option("--draft", o.draft, "auto | none | mtp | PATH to a DFlash2 drafter (env QFLASH_DRAFT)");
   c->add_option("--device", o.device, "auto | cpu | cuda");
   c->add_option("--max-context", o.max_context, "positions allocated for prompt + new tokens");
-  c->add_option("--prefill-chunk", o.prefill_rows,
-                "prompt rows per prefill forward (a multiple of 64, default 4096; 0 = the decode forward)");
+  c->add_option_function<std::string>(
+      "--prefill-chunk", [&o](const std::string& r) { o.prefill_rows = parse_prefill_rows(r); },
+      "prompt rows per prefill forward: auto (default: on a GPU the largest of 8192/4096/2048/1024 that fits, "
+      "4096 at most with int4 weights; 4096 on the CPU) or a multiple of 64; 0 = the decode forward");
   c->add_option("--weights", o.weights, "bf16 (as stored) | int4 (quantize at load, cached beside the checkpoint)");
   c->add_option("--lm-head", o.lm_head, "with --weights int4: int4 (default) | bf16 lm_head");
 }

@@ -38,7 +38,7 @@ struct BenchArgs {
   std::string weights = "bf16", lm_head = "int4";  // as EngineOptions
   int prompt_len = 64, reps = 20, n_prompts = 64;
   int64_t gen = 128, mtp_k = 3, max_context = 4096;  // validated as max_tokens, draft_k, max_context
-  int64_t prefill_chunk = 4096;                      // validated as prefill_rows
+  int64_t prefill_chunk = kPrefillRowsAuto;                      // validated as prefill_rows
   // --prefix-turn2 N > 0: time a second turn of N new tokens with and without prefix reuse
   // (bench_prefix.cpp) instead of the op and decode timings.
   int64_t prefix_turn2 = 0, prefix_cache_mb = kDefaultPrefixCacheMb;

@@ -68,16 +68,27 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
     fail(ErrorKind::Io, "model folder '%s' has no config.json", e->model_dir_.c_str());
   e->be_ = make_backend(opt.device);
   e->tok_ = std::make_unique<Tokenizer>(Tokenizer::load(e->model_dir_));
+  // --prefill-chunk auto: the CPU's fixed chunk, or on a GPU the largest chunk that fits beside
+  // everything else the load allocates (fit.h, auto_prefill_rows); chosen before any upload.
+  int prefill_rows = opt.prefill_rows == kPrefillRowsAuto ? kAutoPrefillRowsCpu : static_cast<int>(opt.prefill_rows);
   if (e->be_->is_gpu()) {
     size_t total = 0;
     const size_t free_b = e->be_->memory_free(&total);
-    check_before_upload(e->model_dir_, opt, [&](const MemoryEstimate& est) {
+    check_before_upload(e->model_dir_, opt, [&](const MemoryEstimate& est0) {
+      MemoryEstimate est = est0;  // with auto: no prefill buffers counted yet
+      if (opt.prefill_rows == kPrefillRowsAuto) {
+        const TargetConfig cfg = load_target_config(e->model_dir_);
+        const size_t reserved = static_cast<size_t>(opt.prefix_cache_mb) << 20;
+        const bool int4 = opt.weights == "int4" || cfg.quant_bits == 4;
+        prefill_rows = auto_prefill_rows(true, int4, free_b, total, est.total() + reserved, cfg);
+        est.work += prefill_work_bytes(cfg, prefill_rows);
+      }
       check_fits(est, free_b, total, e->be_->name(), e->model_dir_);
     });
   }
   const int max_context = static_cast<int>(opt.max_context);
   e->target_ = Qwen38Model::load(e->model_dir_, e->be_.get(), static_cast<int>(opt.max_rows), weight_options(opt));
-  e->target_->set_prefill_rows(static_cast<int>(opt.prefill_rows));
+  e->target_->set_prefill_rows(prefill_rows);
   e->draft_ = resolve_draft(opt.draft, e->model_dir_, e->target_->has_mtp());
   if (e->draft_ == "mtp") {
     e->source_ = std::make_unique<MtpDraftSource>(*e->target_, max_context);
@@ -89,7 +100,9 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
     e->cache_ = std::make_unique<PrefixCache>(*e->be_, static_cast<size_t>(opt.prefix_cache_mb) << 20);
     e->gen_->set_prefix_cache(e->cache_.get());
   }
-  log_info("backend %s, draft %s", e->be_->name().c_str(), e->source_ ? e->source_->name().c_str() : "none");
+  log_info("backend %s, draft %s, prefill chunk %d rows%s", e->be_->name().c_str(),
+           e->source_ ? e->source_->name().c_str() : "none", prefill_rows,
+           opt.prefill_rows == kPrefillRowsAuto ? " (auto)" : "");
   return e;
 }
 

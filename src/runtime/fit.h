@@ -28,6 +28,29 @@ MemoryEstimate estimate_memory(const TargetConfig& c, const TensorStore& target,
                                int max_context, int max_rows, int capture_slots, int prefill_rows = 0,
                                const Int4Spec* int4 = nullptr);
 
+// estimate_memory's cache: K/V rows for max_context, GDN states (+ capture_slots copies), MTP cache.
+size_t cache_bytes(const TargetConfig& c, int max_context, int capture_slots);
+// Device bytes per row of a forward's work buffers (estimate_memory's work = max_rows of these
+// plus prefill_work_bytes).
+size_t work_row_bytes(const TargetConfig& c);
+// The buffers that prefill forwards of `prefill_rows` rows add (0 rows: none). An upper bound: it
+// counts the split-attention partials (1.6 MB a row at 27B) that a prefill forward falls back to
+// where the prefill attention kernel does not apply (fp32 K/V, other shapes), ~2.9 MB a row in all.
+size_t prefill_work_bytes(const TargetConfig& c, int prefill_rows);
+
+// --prefill-chunk auto (EngineOptions::kPrefillRowsAuto): rows per prefill forward. On the CPU
+// kAutoPrefillRowsCpu. On a GPU the largest of 8192, 4096, 2048, 1024 (4096 at most with int4
+// weights, whose prefill GEMM was not measured at 8192) for which other_bytes (everything else the
+// load will still allocate: weights not yet uploaded, caches, the prefix cache's budget) plus
+// prefill_work_bytes plus a margin (5% of the device, at least 2 GiB) fits in free_bytes; 1024 when
+// none does (the load's own fit check then reports what is missing). 8192 rows were 4.7% faster
+// than 4096 for an 8k prompt at 27B and 4.6% for a 32k one; 16384 gave nothing more
+// (docs/BENCHMARKS.md, runs 39 and 41). With the bound above, a bf16 27B target with its drafter
+// gets 8192 rows on a 141 GB H200 and 4096 on an 80 GB card.
+inline constexpr int kAutoPrefillRowsCpu = 4096;
+int auto_prefill_rows(bool gpu, bool int4, size_t free_bytes, size_t total_bytes, size_t other_bytes,
+                      const TargetConfig& c);
+
 // Throws qf::Error(Backend) naming the device, the bytes needed (with the parts) and the bytes
 // free when est.total() + a 3% / 256 MiB margin exceeds free_bytes. free_bytes 0 = unknown: no check.
 void check_fits(const MemoryEstimate& est, size_t free_bytes, size_t total_bytes, const std::string& device,

@@ -34,7 +34,8 @@ std::string expected_range(const std::string& n) {
   if (n == "stop_ids") return "token ids, integers in [0, 2147483647]";
   if (n == "max_context") return int_range(2, kMaxContextLimit);
   if (n == "max_rows") return int_range(1, kMaxRowsLimit);
-  if (n == "prefill_rows") return "0 (the decode forward) or a multiple of 64 in [64, " + num(kMaxPrefillRows) + "]";
+  if (n == "prefill_rows")
+    return "auto, 0 (the decode forward) or a multiple of 64 in [64, " + num(kMaxPrefillRows) + "]";
   if (n == "prefix_cache_mb") return int_range(0, kMaxPrefixCacheMb) + " (MiB; 0 = off)";
   if (n == "device") return "auto, cpu or cuda";
   if (n == "draft") return "auto, none, mtp or a drafter folder holding config.json";
@@ -54,8 +55,10 @@ void validate_engine_options(const EngineOptions& o) {
   }
   check_int("max_context", o.max_context, 2, kMaxContextLimit);
   check_int("max_rows", o.max_rows, 1, kMaxRowsLimit);
-  check_int("prefill_rows", o.prefill_rows, 0, kMaxPrefillRows);
-  if (o.prefill_rows % 64 != 0) fail_option("prefill_rows", expected_range("prefill_rows"), num(o.prefill_rows));
+  if (o.prefill_rows != kPrefillRowsAuto) {
+    check_int("prefill_rows", o.prefill_rows, 0, kMaxPrefillRows);
+    if (o.prefill_rows % 64 != 0) fail_option("prefill_rows", expected_range("prefill_rows"), num(o.prefill_rows));
+  }
   check_int("prefix_cache_mb", o.prefix_cache_mb, 0, kMaxPrefixCacheMb);
   if (o.weights != "bf16" && o.weights != "int4") fail_option("weights", expected_range("weights"), "'" + o.weights + "'");
   if (o.lm_head != "int4" && o.lm_head != "bf16") fail_option("lm_head", expected_range("lm_head"), "'" + o.lm_head + "'");
@@ -120,6 +123,19 @@ std::optional<int64_t> parse_draft_k(const std::string& text) {
   }
   if (used == 0 || used != text.size()) fail_option("draft_k", "auto or " + expected_range("draft_k"), "'" + text + "'");
   return k;
+}
+
+int64_t parse_prefill_rows(const std::string& text) {
+  if (text == "auto") return kPrefillRowsAuto;
+  size_t used = 0;
+  int64_t r = 0;
+  try {
+    r = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size()) fail_option("prefill_rows", expected_range("prefill_rows"), "'" + text + "'");
+  return r;
 }
 
 }  // namespace qf

@@ -18,6 +18,7 @@ namespace qf {
 inline constexpr int64_t kMaxContextLimit = int64_t(1) << 20;  // positions (the KV cache grows with it)
 inline constexpr int64_t kMaxRowsLimit = 1024;                  // rows per target forward
 inline constexpr int64_t kMaxPrefillRows = 65536;               // rows per prefill forward (~0.6 MB each at 27B)
+inline constexpr int64_t kPrefillRowsAuto = -1;                 // EngineOptions::prefill_rows: chosen at load (fit.h)
 inline constexpr int64_t kMaxDraftK = 16;                       // no supported drafter proposes more
 inline constexpr int64_t kMaxTopK = int64_t(1) << 24;           // above every vocabulary
 inline constexpr double kMaxTemperature = 100.0;
@@ -32,10 +33,13 @@ struct EngineOptions {
   std::string device = "auto";   // auto | cpu | cuda
   int64_t max_context = 4096;    // positions allocated (prompt + generated), 2..kMaxContextLimit
   int64_t max_rows = 64;         // rows per decode/verify forward (widest verify), 1..kMaxRowsLimit
-  // Rows per prefill forward: a multiple of 64 up to kMaxPrefillRows; larger chunks run the GEMMs
-  // nearer peak and cost ~0.6 MB of buffers per row at 27B (docs/DESIGN.md, "Prefill path").
-  // 0: the prompt runs through the decode forward, max_rows at a time (the fp32 function).
-  int64_t prefill_rows = 4096;
+  // Rows per prefill forward: kPrefillRowsAuto (the default: the largest chunk whose buffers fit
+  // beside the weights and the cache, auto_prefill_rows in fit.h), or a multiple of 64 up to
+  // kMaxPrefillRows; larger chunks run the GEMMs nearer peak and cost ~0.6 MB of buffers per row
+  // at 27B (docs/DESIGN.md, "Prefill path"). 0: the prompt runs through the decode forward,
+  // max_rows at a time (the fp32 function). The chunk never changes the result (prefill is
+  // invariant to splits at multiples of 64).
+  int64_t prefill_rows = kPrefillRowsAuto;
   // Budget of the prefix cache in MiB (runtime/prefix_cache.h), 0..kMaxPrefixCacheMb; 0 = off.
   // Off here (one-shot runs gain nothing); `qflash chat` and qflash-server default to
   // kDefaultPrefixCacheMb.
@@ -89,5 +93,8 @@ uint64_t parse_seed(const std::string& text);
 
 // --draft-k as text (the CLI): "auto" (unset) or an integer, range-checked by the validators.
 std::optional<int64_t> parse_draft_k(const std::string& text);
+// "auto" -> kPrefillRowsAuto, else the integer as written (validated by validate_engine_options);
+// anything else fails with the prefill_rows message.
+int64_t parse_prefill_rows(const std::string& text);
 
 }  // namespace qf

@@ -1,6 +1,8 @@
 // The "does the model fit?" guard: the estimate from headers and config, and the error text.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "io/config.h"
 #include "io/safetensors.h"
@@ -37,6 +39,52 @@ TEST(Fit, EstimateCountsEveryLoadedTensorOfTheDemoPair) {
   const size_t p1 = estimate_memory(c, st, &dr, 4096, 64, 17, 1024).work;
   EXPECT_GT(p1, e.work);
   EXPECT_GT(estimate_memory(c, st, &dr, 4096, 64, 17, 4096).work, p1);
+}
+
+// --prefill-chunk auto at 27B (the synthetic config of the benches): the largest chunk whose
+// buffers fit beside the rest with the margin, computed here independently from the estimate's
+// own parts.
+TEST(Fit, AutoPrefillRowsTakesTheLargestChunkThatFits) {
+  const TargetConfig c = load_target_config(test::source_path("tests/fixtures/configs/qwen38_27b"));
+  const size_t G = size_t(1) << 30;
+  // The parts estimate_memory adds up are the helpers' (no second formula to drift apart).
+  const TensorStore st = TensorStore::open_dir(test::source_path("models/demo"));
+  const TargetConfig demo = load_target_config(test::source_path("models/demo"));
+  for (int r : {0, 64, 1024, 8192}) {
+    const MemoryEstimate e = estimate_memory(demo, st, nullptr, 4096, 64, 17, r);
+    EXPECT_EQ(e.cache, cache_bytes(demo, 4096, 17));
+    EXPECT_EQ(e.work, 64 * work_row_bytes(demo) + prefill_work_bytes(demo, r)) << r;
+  }
+  EXPECT_EQ(prefill_work_bytes(c, 0), 0u);
+  // Growing with the chunk; an upper bound of ~2.9 MB a row at 27B (it counts the split-attention
+  // partials, 1.6 MB a row, that a prefill forward falls back to where the prefill kernel does not apply)
+  const size_t w8 = prefill_work_bytes(c, 8192), w4 = prefill_work_bytes(c, 4096), w2 = prefill_work_bytes(c, 2048),
+               w1 = prefill_work_bytes(c, 1024);
+  EXPECT_GT(w8, w4);
+  EXPECT_GT(w4, w2);
+  EXPECT_GT(w2, w1);
+  EXPECT_GT(w4, size_t(4096) * 2500000);
+  EXPECT_LT(w4, size_t(4096) * 3500000);
+  // H200-like: 141 GB, 60 GB still to allocate (bf16 27B target + drafter + cache): 8192 rows; int4
+  // weights: 4096 at most. An 80 GB card with the same load: 4096.
+  const size_t total = size_t(141) * 1000 * 1000 * 1000, other = 60 * G;
+  EXPECT_EQ(auto_prefill_rows(true, false, total, total, other, c), 8192);
+  EXPECT_EQ(auto_prefill_rows(true, true, total, total, other, c), 4096);
+  EXPECT_EQ(auto_prefill_rows(true, false, 79 * G, 80 * G, other, c), 4096);
+  // The CPU, or a device that does not report its memory: the fixed chunk.
+  EXPECT_EQ(auto_prefill_rows(false, false, total, total, other, c), kAutoPrefillRowsCpu);
+  EXPECT_EQ(auto_prefill_rows(true, false, 0, 0, other, c), kAutoPrefillRowsCpu);
+  // Just enough for a chunk (with the 5% / 2 GiB margin), one byte short of the next larger one.
+  const size_t margin = std::max(total / 20, 2 * G);
+  for (int r : {4096, 2048, 1024}) {
+    const size_t need_larger = other + prefill_work_bytes(c, r * 2) + margin;
+    EXPECT_EQ(auto_prefill_rows(true, false, need_larger - 1, total, other, c), r) << r;
+    EXPECT_EQ(auto_prefill_rows(true, false, other + prefill_work_bytes(c, r) + margin, total, other, c), r) << r;
+  }
+  EXPECT_EQ(auto_prefill_rows(true, false, other + w8 + margin, total, other, c), 8192);
+  // Nothing fits: the smallest candidate (the load's fit check reports the shortfall).
+  EXPECT_EQ(auto_prefill_rows(true, false, other, total, other, c), 1024);
+  EXPECT_EQ(auto_prefill_rows(true, true, 1, total, other, c), 1024);
 }
 
 TEST(Fit, VisionTowerTensorsAreNotCounted) {

@@ -300,20 +300,36 @@ TEST(Options, MaxRowsIsChecked) {
   EXPECT_NO_THROW(validate_engine_options(e));
 }
 
+TEST(Options, PrefillRowsParsesAutoAndIntegers) {
+  EXPECT_EQ(parse_prefill_rows("auto"), kPrefillRowsAuto);
+  EXPECT_EQ(parse_prefill_rows("8192"), 8192);
+  EXPECT_EQ(parse_prefill_rows("0"), 0);
+  for (const char* bad : {"", "Auto", "8k", "4096 ", "x"}) {
+    try {
+      parse_prefill_rows(bad);
+      ADD_FAILURE() << "'" << bad << "' accepted";
+    } catch (const Error& err) {
+      EXPECT_EQ(std::string(err.what()), std::string("prefill_rows: expected auto, 0 (the decode forward) or a multiple "
+                                                     "of 64 in [64, 65536], found '") + bad + "'");
+    }
+  }
+}
+
 TEST(Options, PrefillRowsIsChecked) {
   EngineOptions e;
-  for (int64_t ok : {0, 64, 4096, 65536}) {
+  EXPECT_EQ(e.prefill_rows, kPrefillRowsAuto);  // the default: chosen at load (fit.h)
+  for (int64_t ok : {kPrefillRowsAuto, int64_t(0), int64_t(64), int64_t(4096), int64_t(65536)}) {
     e.prefill_rows = ok;
     EXPECT_NO_THROW(validate_engine_options(e)) << ok;
   }
-  for (int64_t bad : {-64, 100, 63, 65600}) {
+  for (int64_t bad : {int64_t(-64), int64_t(-2), int64_t(100), int64_t(63), int64_t(65600)}) {
     e.prefill_rows = bad;
     try {
       validate_engine_options(e);
       ADD_FAILURE() << bad << " accepted";
     } catch (const Error& err) {
       EXPECT_EQ(std::string(err.what()),
-                "prefill_rows: expected 0 (the decode forward) or a multiple of 64 in [64, 65536], found " +
+                "prefill_rows: expected auto, 0 (the decode forward) or a multiple of 64 in [64, 65536], found " +
                     std::to_string(bad));
     }
   }
