@@ -171,6 +171,37 @@ def loop_rate(model, prompts, n_new, device, batch=256) -> tuple[float, float]:
     return loops / max(1, len(prompts)), rep / max(1, len(prompts))
 
 
+def docfunc_loops(model, out: Path, n_new: int, device, n_prompts: int = 16):
+    """Issue 16's own check, as far as transformers can run it: greedy n_new tokens after the first
+    n_prompts `docfunc` validation prompts (the ones the package writes and scripts/demo_quality.sh
+    reads) and after the demo prompt of scripts/demo.sh, one prompt at a time; loops by
+    loops.find_loop on the generated ids. A proxy for qflash's figure (other kernels, and qflash
+    re-encodes the generated text), reported only: nothing is chosen by it."""
+    import torch
+    from tokenizers import Tokenizer
+
+    from loops import DEMO_PROMPT
+    from stage_gen import greedy_generate
+    from stage_package import docfunc_prompts
+
+    tok = Tokenizer.from_file(str(out / "tokenizer" / "tokenizer.json"))
+    texts = [p["text"] for p in docfunc_prompts(C.read_json(out / "corpus" / "validation_texts.json"), n=n_prompts)]
+    clean = 0
+    was = model.training
+    model.eval()
+    demo_loops = None
+    for i, text in enumerate(texts + [DEMO_PROMPT]):
+        ids = tok.encode(text, add_special_tokens=False).ids
+        g = greedy_generate(model, torch.tensor([ids], dtype=torch.long, device=device), n_new, device)[0].tolist()
+        looped = find_loop(g) is not None
+        if i < len(texts):
+            clean += not looped
+        else:
+            demo_loops = looped
+    model.train(was)
+    return {"docfunc_loop_free": clean, "docfunc_prompts": len(texts), "demo_prompt_loops": demo_loops}
+
+
 def run(args, log):
     import torch
     import torch.nn.functional as F
@@ -306,6 +337,11 @@ def run(args, log):
         q, ship = None, {k: v.float() for k, v in sd.items()}
     model.load_state_dict(ship, strict=False)
     after = measure("after (shipped rounding)")
+    t_df = time.time()
+    after.update(docfunc_loops(model, out, G, device))
+    log(f"antiloop after: docfunc validation prompts loop-free {after['docfunc_loop_free']}/{after['docfunc_prompts']}, "
+        f"demo prompt {'loops' if after['demo_prompt_loops'] else 'clean'} (transformers greedy on the shipped "
+        f"rounding, a proxy for scripts/demo_quality.sh; {C.fmt_s(time.time() - t_df)})")
     rise = after["val_ppl"] / before["val_ppl"] - 1.0
     kept = rise <= args.antiloop_max_ppl_rise
     info = {"start_from": start_from, "quantization_aware": qat, "qat_mismatched_matrices": qat_mismatch, "steps": step, "train_seconds": train_s, "before": before, "after": after,
