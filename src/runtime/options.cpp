@@ -112,30 +112,29 @@ uint64_t parse_seed(const std::string& text) {
   fail_option("seed", expected_range("seed"), text);
 }
 
-std::optional<int64_t> parse_draft_k(const std::string& text) {
-  if (text == "auto") return std::nullopt;
+namespace {
+// The whole text as one integer, else the shared message for `name` with `expected`.
+int64_t parse_whole_int(const std::string& text, const char* name, const std::string& expected) {
   size_t used = 0;
-  int64_t k = 0;
+  int64_t v = 0;
   try {
-    k = std::stoll(text, &used);
+    v = std::stoll(text, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used == 0 || used != text.size()) fail_option("draft_k", "auto or " + expected_range("draft_k"), "'" + text + "'");
-  return k;
+  if (used == 0 || used != text.size()) fail_option(name, expected, "'" + text + "'");
+  return v;
+}
+}  // namespace
+
+std::optional<int64_t> parse_draft_k(const std::string& text) {
+  if (text == "auto") return std::nullopt;
+  return parse_whole_int(text, "draft_k", "auto or " + expected_range("draft_k"));
 }
 
 int64_t parse_prefill_rows(const std::string& text) {
   if (text == "auto") return kPrefillRowsAuto;
-  size_t used = 0;
-  int64_t r = 0;
-  try {
-    r = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != text.size()) fail_option("prefill_rows", expected_range("prefill_rows"), "'" + text + "'");
-  return r;
+  return parse_whole_int(text, "prefill_rows", expected_range("prefill_rows"));
 }
 
 }  // namespace qf

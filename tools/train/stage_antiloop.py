@@ -113,33 +113,25 @@ def fake_int4(w, group: int):
     return (v * s + b).reshape(rows, cols).to(torch.bfloat16).to(w.dtype)
 
 
-class _FakeInt4:
-    """Parametrization for quantization-aware fine-tuning: the forward sees fake_int4(w), the
-    gradient reaches the float32 weight unchanged (straight-through)."""
-
-    def __new__(cls, group):
-        import torch
-
-        class FakeInt4(torch.nn.Module):
-            def forward(self, w):
-                return w + (fake_int4(w, group) - w).detach()
-
-        return FakeInt4()
-
-
 def quantize_aware(model, group: int) -> list:
-    """Route every weight that ships in int4 (common.int4_eligible) through _FakeInt4; returns the
-    (module, name) pairs for unquantize_aware."""
+    """Route every weight that ships in int4 (common.int4_eligible) through a parametrization for
+    quantization-aware fine-tuning: the forward sees fake_int4(w), the gradient reaches the float32
+    weight unchanged (straight-through). Returns the (module, name) pairs for unquantize_aware."""
+    import torch
     from torch.nn.utils import parametrize
+
+    class FakeInt4(torch.nn.Module):
+        def forward(self, w):
+            return w + (fake_int4(w, group) - w).detach()
 
     done = []
     for mname, mod in model.named_modules():
         w = getattr(mod, "weight", None)
         full = f"{mname}.weight" if mname else "weight"
-        if w is None or not isinstance(w, __import__("torch").nn.Parameter) or parametrize.is_parametrized(mod):
+        if not isinstance(w, torch.nn.Parameter) or parametrize.is_parametrized(mod):
             continue
         if C.int4_eligible(full, w, group):
-            parametrize.register_parametrization(mod, "weight", _FakeInt4(group))
+            parametrize.register_parametrization(mod, "weight", FakeInt4())
             done.append((mod, "weight"))
     return done
 

@@ -372,7 +372,7 @@ Antiloop fine-tune (`tools/train/stage_antiloop.py`, {verdict}): {al['steps']} s
 the {al['start_from']} target; each step the next-token loss on {c['antiloop_mle_batch']} train windows plus
 {c['antiloop_alpha']} x an unlikelihood term (Welleck et al. 2019) on {c['antiloop_ul_batch']} of the model's own greedy
 {c['antiloop_new']}-token continuations of train-split line-start prompts: every continuation token inside a
-repeated {c['antiloop_ngram']}-gram gets -log(1 - p). Measured on {len_or(c, 'antiloop_eval_prompts')} train- and
+repeated {c['antiloop_ngram']}-gram gets -log(1 - p). Measured on {c.get('antiloop_eval_prompts', '?')} train- and
 validation-split line-start prompts, {c['antiloop_new']} greedy tokens, with the shipped rounding:
 
 | | before | after |
@@ -382,10 +382,6 @@ validation-split line-start prompts, {c['antiloop_new']} greedy tokens, with the
 | continuations with a loop, validation prompts | {b['loops_val_prompts']:.3f} | {a['loops_val_prompts']:.3f} |
 | continuation tokens inside a repeated 8-gram, validation prompts | {b['repeated8_share_val']:.3f} | {a['repeated8_share_val']:.3f} |
 """
-
-
-def len_or(c, key):
-    return c.get(key, "?")
 
 
 def write_card(demo: Path, out: Path, args, prompts, checks):
