@@ -214,8 +214,10 @@ class Backend {
   static constexpr int kPrefillChunk = 64;
   // y[m, r] = sum_c bf16(x[m, c]) * W[r, c] with fp32 accumulation: activations rounded to bf16
   // (round-to-nearest-even) so a GPU can use its bf16 tensor-core GEMM. Row-invariant for any M.
-  // The same function for every weight dtype; int4, f16 and f32 weights run the matmul on the
-  // rounded activations (no tensor-core GEMM for them yet).
+  // int4 weights enter as bf16 too: W[r, c] = bf16_rn(fl(q * scale) + bias) (the dequantized
+  // value in fp32, mul then add, rounded to bf16; docs/DESIGN.md "Prefill path"), so a GPU
+  // dequantizes a matrix once per call and runs the same GEMM. f16 and f32 weights are used as
+  // they are (the matmul on the rounded activations).
   virtual void gemm(const WeightRef& W, const float* x, float* y, int M) { matmul(W, x, y, M); }
   // ys[i] = gemm(W_i, x) for n weights with the same cols (one layer's projections): the same
   // bits as n gemm calls; a GPU backend rounds x once for all of them.

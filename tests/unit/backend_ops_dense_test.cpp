@@ -272,10 +272,27 @@ std::vector<OpCase> group_cases() {
 }
 QF_OP_SUITE(MatmulGroup, group_cases);
 
-// gemm, the prefill GEMM: y = bf16(x) W^T with fp32 accumulation, row-invariant for any M
-// (prefill-sized M included). A backend still on the default (gemm = matmul, activations not
-// rounded) gives exactly matmul's bits; that case skips the bf16 check and says so, while any
-// other result must meet the bf16 contract.
+// The weight gemm multiplies (backend.h): int4 as bf16_rn(fl(q * scale) + bias), in fp32 mul
+// then add like the contract says, computed here from the raw words; other dtypes unchanged.
+HostWeight gemm_operand(const HostWeight& W) {
+  if (W.dt != DType::U32) return W;
+  HostWeight b = W;
+  const int64_t ng = W.cols / W.group;
+  const auto* q = reinterpret_cast<const uint32_t*>(W.data.data());
+  for (int64_t r = 0; r < W.rows; r++)
+    for (int64_t c = 0; c < W.cols; c++) {
+      const uint32_t nib = (q[(r * W.cols + c) / 8] >> (4 * (c % 8))) & 15u;
+      const volatile float prod = static_cast<float>(nib) * static_cast<float>(bf16_value(W.scales[r * ng + c / W.group]));
+      const volatile float sum = prod + static_cast<float>(bf16_value(W.biases[r * ng + c / W.group]));
+      b.value[static_cast<size_t>(r) * W.cols + c] = bf16_value(bf16_round(sum));
+    }
+  return b;
+}
+
+// gemm, the prefill GEMM: y = bf16(x) W^T with fp32 accumulation (int4: W rounded to bf16, see
+// gemm_operand), row-invariant for any M (prefill-sized M included). A backend still on the
+// default (gemm = matmul, activations not rounded) gives exactly matmul's bits; that case skips
+// the bf16 check and says so, while any other result must meet the bf16 contract.
 void check_gemm(Backend& be, DType dt, int64_t N, int64_t K, int group) {
   const HostWeight W = random_weight(dt, N, K, 700 + N + K, group);
   const DevWeight dw = upload_weight(be, W);
@@ -285,7 +302,7 @@ void check_gemm(Backend& be, DType dt, int64_t N, int64_t K, int group) {
   auto gm = [&](const float* xp, float* yp, int M) { be.gemm(dw.ref, xp, yp, M); };
   const auto one = rows_alone(be, gm, dx, K, N, maxM);
   expect_row_invariant(be, gm, dx, K, N, one, {2, 7, 16, 63, 64, 65, 100, 150}, "gemm");
-  const Ref ref = ref_matmul(W, x, maxM, /*bf16_x=*/true);
+  const Ref ref = ref_matmul(gemm_operand(W), x, maxM, /*bf16_x=*/true);
   const auto verdict = within(one, ref.y, ref.tol, "gemm rows vs float64 of bf16(x) W^T");
   if (!verdict) {
     auto mm = [&](const float* xp, float* yp, int M) { be.matmul(dw.ref, xp, yp, M); };
@@ -296,9 +313,9 @@ void check_gemm(Backend& be, DType dt, int64_t N, int64_t K, int group) {
   EXPECT_TRUE(verdict);
 }
 
-// gemm on int4 in the backend's own layout (CUDA: the int4 tensor-core kernel, 32-token passes
-// for M > 16): row-invariant across pass widths, within float64 of bf16(x) W^T, and the bits of
-// matmul on the bf16-rounded activations (the contract's function, run at M = 1..16 widths).
+// gemm on int4 in the backend's own layout (CUDA: the tiles dequantized to bf16, then the bf16
+// GEMM): row-invariant, within float64 of bf16(x) bf16(W)^T, and the bits of gemm on the same
+// matrix in row-major form (the tiled dequantization reproduces the row-major one exactly).
 void check_gemm_int4_relaid(Backend& be, int64_t N, int64_t K, int group) {
   const HostWeight W = random_weight(DType::U32, N, K, 950 + N + K, group);
   const DevWeight dw = upload_weight(be, W);
@@ -313,14 +330,11 @@ void check_gemm_int4_relaid(Backend& be, int64_t N, int64_t K, int group) {
   auto gm = [&](const float* xp, float* yp, int M) { be.gemm(wt, xp, yp, M); };
   const auto one = rows_alone(be, gm, dx, K, N, maxM);
   expect_row_invariant(be, gm, dx, K, N, one, {2, 7, 16, 17, 31, 32, 33, 63, 64, 65, 100, 150}, "int4 gemm");
-  const Ref ref = ref_matmul_int4_tc(W, x, maxM, 1, /*bf16_x=*/true);
-  EXPECT_TRUE(within(one, ref.y, ref.tol, "int4 gemm rows vs float64 of bf16(x) W^T"));
-  std::vector<float> xb(x.size());
-  for (size_t i = 0; i < x.size(); i++) xb[i] = static_cast<float>(bf16_value(bf16_round(x[i])));
-  const DeviceBuffer dxb = to_device(be, xb);
+  const Ref ref = ref_matmul(gemm_operand(W), x, maxM, /*bf16_x=*/true);
+  EXPECT_TRUE(within(one, ref.y, ref.tol, "int4 gemm rows vs float64 of bf16(x) bf16(W)^T"));
   Out y(be, static_cast<size_t>(maxM) * N);
-  be.matmul(wt, dxb.f(), y.f(), maxM);
-  EXPECT_TRUE(same_bits(y.floats("matmul of bf16(x)"), one, "int4 gemm vs matmul of bf16(x)"));
+  be.gemm(dw.ref, dx.f(), y.f(), maxM);
+  EXPECT_TRUE(same_bits(y.floats("gemm, row-major int4"), one, "int4 gemm: tiles vs row-major"));
   be.release_weight(tiled);
 }
 
@@ -381,20 +395,22 @@ std::vector<OpCase> gemm_group_cases() {
   using V = std::vector<std::pair<DType, int64_t>>;
   return {{"bf16_x3_k512", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 64}, {DType::BF16, 300}, {DType::BF16, 48}}, 512, false); }},
           {"bf16_x2_k1024_relaid", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 128}, {DType::BF16, 96}}, 1024, true); }},
-          {"mixed_bf16_f32_k512", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 64}, {DType::F32, 37}}, 512, false); }}};
+          {"mixed_bf16_f32_k512", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 64}, {DType::F32, 37}}, 512, false); }},
+          {"mixed_bf16_int4_k1024_relaid", [](Backend& be) { check_gemm_group(be, V{{DType::BF16, 128}, {DType::U32, 96}}, 1024, true); }}};
 }
 QF_OP_SUITE(GemmGroup, gemm_group_cases);
 
 // The prefill fusions (swiglu_gemm, rmsnorm_gated_gemm): the bits of the elementwise op followed
 // by gemm, on the same backend (tiled weights too, where the backend relays them out).
-void check_fused_gemm(Backend& be, bool gated_norm, int64_t N, int64_t K, int n, bool relaid) {
+void check_fused_gemm(Backend& be, bool gated_norm, int64_t N, int64_t K, int n, bool relaid, DType dt = DType::BF16) {
   const int M = 130;
   const size_t nx = static_cast<size_t>(M) * K;
-  const HostWeight W = random_weight(DType::BF16, N, K, 990 + N + K);
+  const HostWeight W = random_weight(dt, N, K, 990 + N + K);
   const DevWeight dw = upload_weight(be, W);
   WeightRef w = dw.ref;
   const void* copy = relaid ? be.relayout_matrix(dw.ref, &w.layout) : nullptr;
   if (copy) w.data = copy;
+  if (copy && w.layout == WeightRef::kTcQ4) w.scales = w.biases = nullptr;
   const auto a = randn(nx, 71 + K), b = randn(nx, 72 + K), nw = randn(static_cast<size_t>(n), 73 + n);
   const DeviceBuffer da1 = to_device(be, a), da2 = to_device(be, a), db = to_device(be, b), dnw = to_device(be, nw);
   Out fused(be, static_cast<size_t>(M) * N), ref(be, static_cast<size_t>(M) * N);
@@ -417,7 +433,9 @@ std::vector<OpCase> fused_gemm_cases() {
           {"swiglu_n37_k203", [](Backend& be) { check_fused_gemm(be, false, 37, 203, 0, false); }},
           {"rmsnorm_gated_n64_k768_d128", [](Backend& be) { check_fused_gemm(be, true, 64, 768, 128, false); }},
           {"rmsnorm_gated_n96_k1024_d128_relaid", [](Backend& be) { check_fused_gemm(be, true, 96, 1024, 128, true); }},
-          {"rmsnorm_gated_n40_k192_d64", [](Backend& be) { check_fused_gemm(be, true, 40, 192, 64, false); }}};
+          {"rmsnorm_gated_n40_k192_d64", [](Backend& be) { check_fused_gemm(be, true, 40, 192, 64, false); }},
+          {"swiglu_int4_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, false, 128, 1024, 0, true, DType::U32); }},
+          {"rmsnorm_gated_int4_n96_k1024_d128", [](Backend& be) { check_fused_gemm(be, true, 96, 1024, 128, false, DType::U32); }}};
 }
 QF_OP_SUITE(FusedGemm, fused_gemm_cases);
 

@@ -138,6 +138,53 @@ TEST(CpuGemm, RowInvariantAndRoundedMatmulForOtherDtypes) {
   EXPECT_NE(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
 }
 
+// int4 weights (backend.h): the gemm multiplies bf16(x) by bf16_rn(fl(q * scale) + bias); the
+// CPU twin gives exactly the bf16 gemm of those rounded weights, and not the exact-weight result.
+TEST(CpuGemm, Int4WeightsEnterAsTheirBf16Rounding) {
+  auto be = make_cpu_backend();
+  const int64_t N = 40, K = 256;
+  const int M = 7, group = 64;
+  std::mt19937_64 rng(23);
+  std::vector<uint32_t> q(N * K / 8);
+  for (auto& w : q) w = static_cast<uint32_t>(rng());
+  std::vector<uint16_t> sc, bi;
+  std::uniform_real_distribution<float> us(0.002f, 0.05f), ub(-0.4f, 0.0f);
+  for (int64_t i = 0; i < N * K / group; i++) {
+    sc.push_back(f32_to_bf16(us(rng)));
+    bi.push_back(f32_to_bf16(ub(rng)));
+  }
+  WeightRef w4;
+  w4.dtype = DType::U32;
+  w4.rows = N;
+  w4.cols = K;
+  w4.group = group;
+  w4.data = q.data();
+  w4.scales = sc.data();
+  w4.biases = bi.data();
+  std::vector<uint16_t> wb(N * K);
+  std::vector<float> wf(N * K);
+  for (int64_t r = 0; r < N; r++)
+    for (int64_t c = 0; c < K; c++) {
+      const uint32_t nib = (q[(r * K + c) / 8] >> (4 * (c % 8))) & 15u;
+      const volatile float prod = static_cast<float>(nib) * bf16_to_f32(sc[r * (K / group) + c / group]);
+      const volatile float sum = prod + bf16_to_f32(bi[r * (K / group) + c / group]);
+      wf[r * K + c] = sum;
+      wb[r * K + c] = f32_to_bf16(sum);
+    }
+  auto x = randn(static_cast<size_t>(M) * K, 29);
+  std::vector<float> a(M * N), b(M * N), c(M * N);
+  be->gemm(w4, x.data(), a.data(), M);
+  be->gemm(bf16_ref(wb, N, K), x.data(), b.data(), M);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)));
+  WeightRef wr;  // control: the unrounded fp32 weights give other bits
+  wr.dtype = DType::F32;
+  wr.rows = N;
+  wr.cols = K;
+  wr.data = wf.data();
+  be->gemm(wr, x.data(), c.data(), M);
+  EXPECT_NE(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
+}
+
 #if QFLASH_HAVE_CUDA
 
 // Uniform in [-1, 1) from splitmix64: fast enough for the 4096-row inputs of the 27B shapes.
@@ -248,6 +295,95 @@ TEST(CudaGemm, UntileInvertsTheGemvLayout) {
     ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(st));
     cudaStreamDestroy(st);
     EXPECT_EQ(down<uint16_t>(G, back.get(), N * K), w) << N << " x " << K;
+  }
+}
+
+// Random int4 weights in the mlx layout (words of 8 nibbles, bf16 scales and biases per group),
+// with some groups whose bias is far from q * scale (so fl(q * scale + bias) rounds in fp32).
+struct HostInt4 {
+  int64_t N, K;
+  int group;
+  std::vector<uint32_t> q;
+  std::vector<uint16_t> sc, bi;
+  // The contract's weight (backend.h): bf16_rn(fl(fl(q * scale) + bias)).
+  uint16_t weight(int64_t r, int64_t c) const {
+    const int64_t ng = K / group;
+    const uint32_t nib = (q[(r * K + c) / 8] >> (4 * (c % 8))) & 15u;
+    const volatile float prod = static_cast<float>(nib) * bf16_to_f32(sc[r * ng + c / group]);
+    const volatile float sum = prod + bf16_to_f32(bi[r * ng + c / group]);
+    return f32_to_bf16(sum);
+  }
+};
+HostInt4 rand_int4(int64_t N, int64_t K, int group, uint64_t seed) {
+  HostInt4 h{N, K, group, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  h.q.resize(static_cast<size_t>(N * K / 8));
+  for (auto& w : h.q) w = static_cast<uint32_t>(rng());
+  const size_t ng = static_cast<size_t>(N * (K / group));
+  std::uniform_real_distribution<float> us(0.002f, 0.05f), ub(-0.4f, 0.0f);
+  for (size_t i = 0; i < ng; i++) {
+    h.sc.push_back(f32_to_bf16(us(rng)));
+    // every 7th group: a bias 2^12 times the scale's size, so the fp32 sum must round
+    h.bi.push_back(f32_to_bf16(i % 7 == 3 ? -300.0f * us(rng) : ub(rng)));
+  }
+  return h;
+}
+WeightRef int4_ref(const HostInt4& h, const void* q, const void* sc, const void* bi) {
+  WeightRef r;
+  r.dtype = DType::U32;
+  r.rows = h.N;
+  r.cols = h.K;
+  r.group = h.group;
+  r.data = q;
+  r.scales = sc;
+  r.biases = bi;
+  return r;
+}
+
+// The int4 route's dequantization (q4_dequant_bf16), from the row-major mlx layout and from the
+// GEMV's kTcQ4 tiles (rows not a multiple of 32, every group size), is the host formula bit for bit.
+TEST(CudaGemm, Int4DequantizationIsTheCpuFormulaBitForBit) {
+  NEED_GPU();
+  struct Shape {
+    int64_t N, K;
+    int group;
+  };
+  for (const Shape s : {Shape{70, 256, 64}, Shape{33, 128, 32}, Shape{96, 384, 128}, Shape{5, 64, 64}}) {
+    const HostInt4 h = rand_int4(s.N, s.K, s.group, 17 + s.N);
+    auto dq = up(G, h.q);
+    auto ds = up(G, h.sc);
+    auto db = up(G, h.bi);
+    const WeightRef rm = int4_ref(h, dq.get(), ds.get(), db.get());
+    std::vector<uint16_t> want(static_cast<size_t>(s.N * s.K));
+    for (int64_t r = 0; r < s.N; r++)
+      for (int64_t c = 0; c < s.K; c++) want[r * s.K + c] = h.weight(r, c);
+    uint8_t layout = 0;
+    const void* tiled = G->relayout_matrix(rm, &layout);
+    ASSERT_NE(tiled, nullptr) << "the CUDA backend relays int4 " << s.N << " x " << s.K << " out";
+    ASSERT_EQ(layout, WeightRef::kTcQ4);
+    WeightRef tr = rm;
+    tr.data = tiled;
+    tr.layout = layout;
+    tr.scales = tr.biases = nullptr;
+    DeviceBuffer out(G, want.size() * 2);
+    cudaStream_t st = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreate(&st));
+    G->sync();
+    const WeightRef* both[2] = {&rm, &tr};
+    for (const WeightRef* W : both) {
+      poison(G, out.get(), out.bytes());
+      G->sync();
+      cuda::q4_dequant_bf16(*W, out.get(), st);
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+      const auto got = down<uint16_t>(G, out.get(), want.size());
+      size_t bad = 0, first = 0;
+      for (size_t i = 0; i < want.size(); i++)
+        if (got[i] != want[i] && bad++ == 0) first = i;
+      EXPECT_EQ(bad, 0u) << s.N << " x " << s.K << " group " << s.group << (W->layout ? " tiled" : " row-major")
+                         << ": first at row " << first / s.K << " col " << first % s.K;
+    }
+    cudaStreamDestroy(st);
+    G->release_weight(tiled);
   }
 }
 

@@ -30,6 +30,7 @@
 #             LABQ4_ARGS passes the lab its versions and options (e.g. "1 10 11 12 13 14 --M 1,4,8,16")
 #   int4, bench27q4, bench27q4s, bench27q4l, prof27q4 (not default): int4 GEMV/op-table/identity
 #             tests on cuda, 27B int4 benches (bench27q4l: an 8k prompt through the int4 prefill)
+#   q4pre     (not default) the int4 8k prompt under the default prefill route and QFLASH_GEMM_Q4=gemv
 #   bench27fma, ncu (not in the default list): the 27B bench with QFLASH_GEMV=fma; Nsight Compute
 #             counters for four tensor-core GEMV launches
 #   prefill   (not default) prefill GEMM and model tests on cuda (CudaGemm.*, Prefill*/cuda),
@@ -145,7 +146,7 @@ want bench27s && step bench27s 120 plain "$BIN/qflash" bench --device cuda \
 # 27B with int4 weights (quantized on the device) + int4 DFlash2 drafter at 8k context, which
 # reports the peak device memory; bench27q4s is the short A/B form (QFLASH_TC_Q4_PIECES=3, ...).
 want int4 && step int4 200 gtest "$BIN/qflash_tests" \
-  --gtest_filter='CudaGemvQ4.*:*Int4LoadIdentity*/cuda:Op/*int4*_cuda' --gtest_color=no
+  --gtest_filter='CudaGemvQ4.*:CudaGemm.*:*Int4LoadIdentity*/cuda:Op/*int4*_cuda' --gtest_color=no
 want bench27q4 && step bench27q4 200 plain "$BIN/qflash" bench --device cuda --weights int4 \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
@@ -154,7 +155,7 @@ want bench27q4s && step bench27q4s 120 plain "$BIN/qflash" bench --device cuda -
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
   --force-accept 4 --gen 32 --reps 5 --no-mtp --json "$LOG/bench_27b_q4_short.json"
-# The 24 GB case end to end: an 8k prompt through the int4 prefill (gemm_tc_q4, chunks of 1024
+# The 24 GB case end to end: an 8k prompt through the int4 prefill (chunks of 1024
 # rows so the prefill buffers stay ~0.6 GB), then plain and DFlash2 at forced 4 of 7; the peak
 # memory it prints includes the prefill buffers and the GEMM's scratch.
 want bench27q4l && step bench27q4l 240 plain "$BIN/qflash" bench --device cuda --weights int4 \
@@ -162,6 +163,15 @@ want bench27q4l && step bench27q4l 240 plain "$BIN/qflash" bench --device cuda -
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
   --prompt-len 8000 --max-context 8192 --prefill-chunk 1024 \
   --force-accept 4 --gen 32 --reps 3 --no-mtp --json "$LOG/bench_27b_q4_8k.json"
+# int4 prefill A/B: the 27B int4 8k prompt (op timings only) through the default route (each
+# matrix dequantized to bf16, then the pinned cuBLASLt GEMM) and through the int4 GEMV in
+# 32-token passes (QFLASH_GEMM_Q4=gemv, the route before 2026-12-06 session 3), same call.
+want q4pre && step q4pre_lt 150 plain "$BIN/qflash" bench --device cuda --weights int4 \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 3 --json "$LOG/q4pre_lt.json"
+want q4pre && QFLASH_GEMM_Q4=gemv step q4pre_gemv 150 plain "$BIN/qflash" bench --device cuda --weights int4 \
+  --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+  --prompt-len 8192 --max-context 8448 --ops-only --no-mtp --reps 1 --json "$LOG/q4pre_gemv.json"
 want prof27q4 && step prof27q4 150 plain "$BIN/qflash" bench --device cuda --weights int4 \
   --synthetic tests/fixtures/configs/qwen38_27b/config.json \
   --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \

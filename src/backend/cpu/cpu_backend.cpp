@@ -79,7 +79,8 @@ inline void dequant_int4_row(const WeightRef& W, int64_t r, float* out) {
   }
 }
 
-void matmul_int4(const WeightRef& W, const float* x, float* y, int M) {
+// bf16_weights: each dequantized weight rounded to bf16 first (the prefill GEMM's int4 operand).
+void matmul_int4(const WeightRef& W, const float* x, float* y, int M, bool bf16_weights = false) {
   const int64_t rows = W.rows, cols = W.cols;
 #pragma omp parallel if (rows * cols * M > (1 << 18))
   {
@@ -87,6 +88,8 @@ void matmul_int4(const WeightRef& W, const float* x, float* y, int M) {
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; r++) {
       dequant_int4_row(W, r, wrow.data());
+      if (bf16_weights)
+        for (float& v : wrow) v = bf16_to_f32(f32_to_bf16(v));
       for (int m = 0; m < M; m++) {
         const float s = dot_f32(wrow.data(), x + static_cast<size_t>(m) * cols, cols);
         y[static_cast<size_t>(m) * rows + r] = s;
@@ -157,10 +160,12 @@ class CpuBackend final : public Backend {
     }
   }
   // The prefill GEMM's twin: bf16-rounded activations (what a bf16 tensor-core GEMM multiplies),
-  // then the matmul's fixed-order fp32 dot, for every weight dtype (backend.h).
+  // then the matmul's fixed-order fp32 dot; int4 weights as bf16_rn of their fp32 dequantized
+  // value (backend.h), the others as they are.
   void gemm(const WeightRef& W, const float* x, float* y, int M) override {
     std::vector<float> xr(static_cast<size_t>(M) * W.cols);
     for (size_t i = 0; i < xr.size(); i++) xr[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    if (W.dtype == DType::U32) return matmul_int4(W, xr.data(), y, M, /*bf16_weights=*/true);
     matmul(W, xr.data(), y, M);
   }
 

@@ -44,9 +44,9 @@ void CudaBackend::matmul_group(const WeightRef* const* Ws, float* const* ys, int
   gemv_tc_group(Ws, ys, n, x, static_cast<int>(Ws[0]->cols), M, st_);
 }
 
-// Prefill GEMM (gemm.h): cuBLASLt pinned per shape; weights that are not bf16 run matmul on the
-// rounded activations the runner leaves in xr (int4 tiles: the int4 tensor-core kernel in
-// 32-token passes, the same bits as matmul there).
+// Prefill GEMM (gemm.h): cuBLASLt pinned per shape, for bf16 weights and int4 weights (dequantized
+// to bf16 first); f16/f32 weights, and int4 under QFLASH_GEMM_Q4=gemv, run matmul on the rounded
+// activations the runner leaves in xr (int4 tiles: the int4 tensor-core kernel in 32-token passes).
 void CudaBackend::gemm(const WeightRef& W, const float* x, float* y, int M) {
   const float* xr = nullptr;
   if (gemm_.run(W, x, y, M, st_, &xr)) return;
@@ -57,10 +57,10 @@ void CudaBackend::gemm(const WeightRef& W, const float* x, float* y, int M) {
 }
 
 // A projection group (one layer's weights on the same input): the input is rounded once when
-// every weight is bf16; otherwise each weight runs as gemm().
+// every weight takes the cuBLASLt route (bf16 or int4); otherwise each weight runs as gemm().
 void CudaBackend::gemm_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) {
   bool bf16 = n > 0;
-  for (int i = 0; i < n; i++) bf16 = bf16 && Ws[i]->dtype == DType::BF16 && Ws[i]->cols == Ws[0]->cols;
+  for (int i = 0; i < n; i++) bf16 = bf16 && cuda::GemmRunner::takes(*Ws[i]) && Ws[i]->cols == Ws[0]->cols;
   if (!bf16) {
     Backend::gemm_group(Ws, ys, n, x, M);
     return;
@@ -69,9 +69,9 @@ void CudaBackend::gemm_group(const WeightRef* const* Ws, float* const* ys, int n
 }
 
 // The prefill fusions (backend.h): the producer writes the bf16 GEMM input directly (the same
-// values gemm's rounding of its fp32 output would give); other weight dtypes run the two ops.
+// values gemm's rounding of its fp32 output would give); weights off the cuBLASLt route run the two ops.
 void CudaBackend::swiglu_gemm(const WeightRef& W, float* gate, const float* up, float* y, int M) {
-  if (W.dtype != DType::BF16 || M <= 0) {
+  if (!cuda::GemmRunner::takes(W) || M <= 0) {
     Backend::swiglu_gemm(W, gate, up, y, M);
     return;
   }
@@ -84,7 +84,7 @@ void CudaBackend::swiglu_gemm(const WeightRef& W, float* gate, const float* up, 
 void CudaBackend::rmsnorm_gated_gemm(const WeightRef& W, float* x, const float* gate, const float* w, float* y, int M,
                                      int n, float eps) {
   const int64_t total = static_cast<int64_t>(M) * W.cols;
-  if (W.dtype != DType::BF16 || M <= 0 || n <= 0 || total % n != 0) {
+  if (!cuda::GemmRunner::takes(W) || M <= 0 || n <= 0 || total % n != 0) {
     Backend::rmsnorm_gated_gemm(W, x, gate, w, y, M, n, eps);
     return;
   }

@@ -44,6 +44,12 @@ Route route_from_env() {
 }
 bool simt_forced() { return route_from_env() == Route::Simt; }
 
+// QFLASH_GEMM_Q4=gemv: int4 weights leave the runner (the int4 GEMV in 32-token passes; A/B only).
+bool q4_gemv_forced() {
+  static const bool on = env_is("QFLASH_GEMM_Q4", "gemv");
+  return on;
+}
+
 
 uint32_t algo_u32(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
   uint32_t v = 0;
@@ -177,12 +183,18 @@ GemmRunner::Plan& GemmRunner::plan_for(int64_t N, int64_t K) {
   return *plans_.emplace(key, std::move(pl)).first->second;
 }
 
+bool GemmRunner::takes(const WeightRef& W) {
+  if (W.dtype == DType::BF16) return true;
+  return W.dtype == DType::U32 && !q4_gemv_forced() &&
+         (W.layout == WeightRef::kTcQ4 || (W.layout == WeightRef::kRowMajor && W.scales && W.biases));
+}
+
 bool GemmRunner::run(const WeightRef& W, const float* x, float* y, int M, cudaStream_t st, const float** xr) {
   if (M <= 0) return true;
   if (!W.data || W.rows <= 0 || W.cols <= 0) backend_fail("cuda gemm: empty weight");
   const int64_t K = W.cols;
   const size_t nx = static_cast<size_t>(M) * K;
-  if (W.dtype != DType::BF16) {
+  if (!takes(W)) {
     float* r = static_cast<float*>(grow(xr_, xr_bytes_, nx * 4, st));
     gemm_round_f32(x, r, nx, st);
     *xr = r;
@@ -199,8 +211,8 @@ void GemmRunner::run_group(const WeightRef* const* Ws, float* const* ys, int n, 
   if (M <= 0 || n <= 0) return;
   const int64_t K = Ws[0]->cols;
   for (int i = 0; i < n; i++) {
-    if (!Ws[i]->data || Ws[i]->rows <= 0 || Ws[i]->cols != K || Ws[i]->dtype != DType::BF16)
-      backend_fail("cuda gemm group: weight %d of %d is not a bf16 [*, %lld] matrix", i, n, (long long)K);
+    if (!Ws[i]->data || Ws[i]->rows <= 0 || Ws[i]->cols != K || !takes(*Ws[i]))
+      backend_fail("cuda gemm group: weight %d of %d is not a bf16 or int4 [*, %lld] matrix", i, n, (long long)K);
   }
   const size_t nx = static_cast<size_t>(M) * K;
   uint16_t* xb = static_cast<uint16_t*>(grow(xb_, xb_bytes_, nx * 2, st));
@@ -210,13 +222,28 @@ void GemmRunner::run_group(const WeightRef* const* Ws, float* const* ys, int n, 
 
 void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st) {
   const int64_t N = W.rows, K = W.cols;
+  if (!takes(W)) backend_fail("cuda gemm: a %s weight (layout %d) is not for the bf16 route", dtype_name(W.dtype), W.layout);
   Plan& p = plan_for(N, K);
+  const void* w = W.data;
+  if (W.dtype == DType::U32) {
+    void* t = grow(wt_, wt_bytes_, static_cast<size_t>(N) * K * 2, st);
+    q4_dequant_bf16(W, t, st);
+    w = t;
+  }
   if (!p.lt) {
-    gemm_simt(W, xb, y, M, st);
+    WeightRef rm = W;
+    if (W.dtype == DType::U32) {
+      rm.dtype = DType::BF16;
+      rm.layout = WeightRef::kRowMajor;
+      rm.data = w;
+      rm.scales = rm.biases = nullptr;
+    }
+    gemm_simt(rm, xb, y, M, st);
     return;
   }
-  const void* w = W.data;
-  if (W.layout == WeightRef::kTc32x64 && W.row_copy) {
+  if (W.dtype == DType::U32) {
+    // w is the dequantized copy
+  } else if (W.layout == WeightRef::kTc32x64 && W.row_copy) {
     w = W.row_copy;  // the row-major original kept at load (QFLASH_PREFILL_WEIGHTS=keep)
   } else if (W.layout == WeightRef::kTc32x64) {
     void* t = grow(wt_, wt_bytes_, static_cast<size_t>(N) * K * 2, st);
@@ -250,7 +277,11 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
   if (seen->second) ws = grow(ws_, ws_bytes_, seen->second, st);
   const float alpha = 1.0f, beta = 0.0f;
   if (prof_on()) {
-    prof_tag("%lld x %lld, M=%d%s", (long long)N, (long long)K, M, W.layout != WeightRef::kTc32x64 ? "" : W.row_copy ? ", row copy" : ", untiled");
+    prof_tag("%lld x %lld, M=%d%s", (long long)N, (long long)K, M,
+             W.dtype == DType::U32                ? ", int4 dequantized"
+             : W.layout != WeightRef::kTc32x64 ? ""
+             : W.row_copy                      ? ", row copy"
+                                               : ", untiled");
     prof_before(st);
   }
   lt_check(cublasLtMatmul(h, p.op, &alpha, w, a.l, xb, b.l, &beta, yd, d.l, yd, d.l, &p.algo, ws, seen->second, st),

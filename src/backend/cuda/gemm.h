@@ -15,6 +15,14 @@
 // Shapes cuBLASLt cannot take with 16-byte alignment (K % 8 or N % 4 not 0), or for which no such
 // configuration exists, use a plain CUDA-core kernel with a sequential k loop (gemm_simt), chosen
 // per shape too. QFLASH_GEMM=simt forces that kernel everywhere (a reference for A/B runs).
+//
+// int4 weights (kTcQ4 tiles or row-major mlx) take the same route: the matrix is dequantized
+// into the row-major scratch (q4_dequant_bf16: each weight bf16_rn(fl(q * scale) + bias), the
+// CPU twin's value), then multiplied like a bf16 weight of its shape. So an int4 prefill GEMM
+// runs at the bf16 GEMM's speed for ~1 byte moved per weight byte more than a bf16 untile, and
+// its function is y = sum_c bf16(x) * bf16(w) in fp32 (backend.h). QFLASH_GEMM_Q4=gemv keeps the
+// older int4 route for A/B runs: the int4 GEMV in 32-token passes on bf16(x) with exact weights
+// (not the CPU twin's function then; tests run the default).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -50,16 +58,20 @@ class GemmRunner {
   ~GemmRunner();
   GemmRunner(const GemmRunner&) = delete;
   GemmRunner& operator=(const GemmRunner&) = delete;
-  // Enqueues y = bf16(x) W^T on `st`. When W is not bf16 (int4, f16, f32) it enqueues only the
-  // rounding, into an fp32 scratch [M, cols] returned in *xr, and returns false: the caller runs
-  // its matmul on xr (the same function, backend.h). Grows its scratch buffers as needed (a
-  // stream sync then), so it must not run inside a graph capture.
+  // Whether run_bf16 takes W: bf16 in either layout, and int4 (tiled or row-major) unless
+  // QFLASH_GEMM_Q4=gemv.
+  static bool takes(const WeightRef& W);
+  // Enqueues y = bf16(x) W^T on `st` (W as takes() says; int4: W dequantized to bf16). For any
+  // other weight (f16, f32, int4 under QFLASH_GEMM_Q4=gemv) it enqueues only the rounding, into
+  // an fp32 scratch [M, cols] returned in *xr, and returns false: the caller runs its matmul on
+  // xr (backend.h). Grows its scratch buffers as needed (a stream sync then), so it must not run
+  // inside a graph capture.
   bool run(const WeightRef& W, const float* x, float* y, int M, cudaStream_t st, const float** xr);
-  // run() for n bf16 weights [*, K] that read the same x: x is rounded to bf16 once for all of
-  // them (the same bits as n run() calls).
+  // run() for n weights [*, K] that takes() and that read the same x: x is rounded to bf16 once
+  // for all of them (the same bits as n run() calls).
   void run_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M, cudaStream_t st);
   // For the prefill fusions: the bf16 input buffer (at least n elements; grown before any work is
-  // enqueued on it), then y = xb W^T for a bf16 weight (either layout).
+  // enqueued on it), then y = xb W^T for a weight that takes().
   uint16_t* input_bf16(size_t n, cudaStream_t st) { return static_cast<uint16_t*>(grow(xb_, xb_bytes_, n * 2, st)); }
   void run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st);
   // One line per weight shape seen so far: the route and, for cuBLASLt, the pinned configuration.
@@ -73,7 +85,7 @@ class GemmRunner {
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
   void* xb_ = nullptr;  // bf16 activations [M, K]
   size_t xb_bytes_ = 0;
-  void* wt_ = nullptr;  // a tiled matrix copied back to row-major
+  void* wt_ = nullptr;  // a tiled matrix copied back to row-major, or an int4 matrix dequantized
   size_t wt_bytes_ = 0;
   void* yt_ = nullptr;  // output staging when y is not 16-byte aligned
   size_t yt_bytes_ = 0;

@@ -150,6 +150,10 @@ void gemv_tc_q4(const WeightRef& W, const float* x, int x_ld, float* y, int M, c
 // rounding), so one bf16 piece is exact and a pass takes 32 tokens; bit for bit gemv_tc_q4 on
 // the same xr, row-invariant.
 void gemm_tc_q4(const WeightRef& W, const float* xr, int x_ld, float* y, int M, cudaStream_t st);
+// The prefill GEMM's int4 route (gemm.h): an int4 matrix (kTcQ4 tiles, or row-major mlx with
+// scales and biases) as row-major bf16 [rows, cols] in dst (16-byte aligned), each weight
+// bf16_rn(fl(q * scale) + bias): the CPU twin's value (cpu_backend.cpp) bit for bit.
+void q4_dequant_bf16(const WeightRef& W, void* dst, cudaStream_t st);
 // Up to 4 kTcQ4 weights with the same cols and group reading the same x, in one launch.
 void gemv_tc_q4_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
                       cudaStream_t st);
