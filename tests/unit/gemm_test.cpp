@@ -138,38 +138,64 @@ TEST(CpuGemm, RowInvariantAndRoundedMatmulForOtherDtypes) {
   EXPECT_NE(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float)));
 }
 
+// Random int4 weights in the mlx layout (words of 8 nibbles, bf16 scales and biases per group),
+// with some groups whose bias is far from q * scale (so fl(q * scale + bias) rounds in fp32).
+struct HostInt4 {
+  int64_t N, K;
+  int group;
+  std::vector<uint32_t> q;
+  std::vector<uint16_t> sc, bi;
+  // The CPU twin's fp32 dequantization fl(fl(q * scale) + bias), and the contract's weight
+  // (backend.h): its bf16_rn.
+  float weight_f32(int64_t r, int64_t c) const {
+    const int64_t ng = K / group;
+    const uint32_t nib = (q[(r * K + c) / 8] >> (4 * (c % 8))) & 15u;
+    const volatile float prod = static_cast<float>(nib) * bf16_to_f32(sc[r * ng + c / group]);
+    const volatile float sum = prod + bf16_to_f32(bi[r * ng + c / group]);
+    return sum;
+  }
+  uint16_t weight(int64_t r, int64_t c) const { return f32_to_bf16(weight_f32(r, c)); }
+};
+HostInt4 rand_int4(int64_t N, int64_t K, int group, uint64_t seed) {
+  HostInt4 h{N, K, group, {}, {}, {}};
+  std::mt19937_64 rng(seed);
+  h.q.resize(static_cast<size_t>(N * K / 8));
+  for (auto& w : h.q) w = static_cast<uint32_t>(rng());
+  const size_t ng = static_cast<size_t>(N * (K / group));
+  std::uniform_real_distribution<float> us(0.002f, 0.05f), ub(-0.4f, 0.0f);
+  for (size_t i = 0; i < ng; i++) {
+    h.sc.push_back(f32_to_bf16(us(rng)));
+    // every 7th group: a bias 2^12 times the scale's size, so the fp32 sum must round
+    h.bi.push_back(f32_to_bf16(i % 7 == 3 ? -300.0f * us(rng) : ub(rng)));
+  }
+  return h;
+}
+WeightRef int4_ref(const HostInt4& h, const void* q, const void* sc, const void* bi) {
+  WeightRef r;
+  r.dtype = DType::U32;
+  r.rows = h.N;
+  r.cols = h.K;
+  r.group = h.group;
+  r.data = q;
+  r.scales = sc;
+  r.biases = bi;
+  return r;
+}
+
 // int4 weights (backend.h): the gemm multiplies bf16(x) by bf16_rn(fl(q * scale) + bias); the
 // CPU twin gives exactly the bf16 gemm of those rounded weights, and not the exact-weight result.
 TEST(CpuGemm, Int4WeightsEnterAsTheirBf16Rounding) {
   auto be = make_cpu_backend();
   const int64_t N = 40, K = 256;
-  const int M = 7, group = 64;
-  std::mt19937_64 rng(23);
-  std::vector<uint32_t> q(N * K / 8);
-  for (auto& w : q) w = static_cast<uint32_t>(rng());
-  std::vector<uint16_t> sc, bi;
-  std::uniform_real_distribution<float> us(0.002f, 0.05f), ub(-0.4f, 0.0f);
-  for (int64_t i = 0; i < N * K / group; i++) {
-    sc.push_back(f32_to_bf16(us(rng)));
-    bi.push_back(f32_to_bf16(ub(rng)));
-  }
-  WeightRef w4;
-  w4.dtype = DType::U32;
-  w4.rows = N;
-  w4.cols = K;
-  w4.group = group;
-  w4.data = q.data();
-  w4.scales = sc.data();
-  w4.biases = bi.data();
+  const int M = 7;
+  const HostInt4 h = rand_int4(N, K, 64, 23);
+  const WeightRef w4 = int4_ref(h, h.q.data(), h.sc.data(), h.bi.data());
   std::vector<uint16_t> wb(N * K);
   std::vector<float> wf(N * K);
   for (int64_t r = 0; r < N; r++)
     for (int64_t c = 0; c < K; c++) {
-      const uint32_t nib = (q[(r * K + c) / 8] >> (4 * (c % 8))) & 15u;
-      const volatile float prod = static_cast<float>(nib) * bf16_to_f32(sc[r * (K / group) + c / group]);
-      const volatile float sum = prod + bf16_to_f32(bi[r * (K / group) + c / group]);
-      wf[r * K + c] = sum;
-      wb[r * K + c] = f32_to_bf16(sum);
+      wb[r * K + c] = h.weight(r, c);
+      wf[r * K + c] = h.weight_f32(r, c);
     }
   auto x = randn(static_cast<size_t>(M) * K, 29);
   std::vector<float> a(M * N), b(M * N), c(M * N);
@@ -296,48 +322,6 @@ TEST(CudaGemm, UntileInvertsTheGemvLayout) {
     cudaStreamDestroy(st);
     EXPECT_EQ(down<uint16_t>(G, back.get(), N * K), w) << N << " x " << K;
   }
-}
-
-// Random int4 weights in the mlx layout (words of 8 nibbles, bf16 scales and biases per group),
-// with some groups whose bias is far from q * scale (so fl(q * scale + bias) rounds in fp32).
-struct HostInt4 {
-  int64_t N, K;
-  int group;
-  std::vector<uint32_t> q;
-  std::vector<uint16_t> sc, bi;
-  // The contract's weight (backend.h): bf16_rn(fl(fl(q * scale) + bias)).
-  uint16_t weight(int64_t r, int64_t c) const {
-    const int64_t ng = K / group;
-    const uint32_t nib = (q[(r * K + c) / 8] >> (4 * (c % 8))) & 15u;
-    const volatile float prod = static_cast<float>(nib) * bf16_to_f32(sc[r * ng + c / group]);
-    const volatile float sum = prod + bf16_to_f32(bi[r * ng + c / group]);
-    return f32_to_bf16(sum);
-  }
-};
-HostInt4 rand_int4(int64_t N, int64_t K, int group, uint64_t seed) {
-  HostInt4 h{N, K, group, {}, {}, {}};
-  std::mt19937_64 rng(seed);
-  h.q.resize(static_cast<size_t>(N * K / 8));
-  for (auto& w : h.q) w = static_cast<uint32_t>(rng());
-  const size_t ng = static_cast<size_t>(N * (K / group));
-  std::uniform_real_distribution<float> us(0.002f, 0.05f), ub(-0.4f, 0.0f);
-  for (size_t i = 0; i < ng; i++) {
-    h.sc.push_back(f32_to_bf16(us(rng)));
-    // every 7th group: a bias 2^12 times the scale's size, so the fp32 sum must round
-    h.bi.push_back(f32_to_bf16(i % 7 == 3 ? -300.0f * us(rng) : ub(rng)));
-  }
-  return h;
-}
-WeightRef int4_ref(const HostInt4& h, const void* q, const void* sc, const void* bi) {
-  WeightRef r;
-  r.dtype = DType::U32;
-  r.rows = h.N;
-  r.cols = h.K;
-  r.group = h.group;
-  r.data = q;
-  r.scales = sc;
-  r.biases = bi;
-  return r;
 }
 
 // The int4 route's dequantization (q4_dequant_bf16), from the row-major mlx layout and from the
