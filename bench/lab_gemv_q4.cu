@@ -43,6 +43,17 @@
 //   19 rh      row halves: two warps per tile-slice (one per 16 rows), 16-warp blocks, 32 warps a
 //              SM (<= 64 registers), 3 half-units in flight
 //   20 rhpf    rh with 2 half-units in flight and prefetch.global.L2 6 units ahead (no spill)
+// Version 21 (bench/lab_gemv_q4_ix.cuh): its own arithmetic, checked against the CPU and for
+// row-invariance:
+//   21 ix      exact integer group products: x in per-group fixed point (three int8 digits),
+//              mma.sync m16n8k32 s8 on row-major nibbles, fp32 fold per group; timed with its
+//              x-preparation launch
+//   22 ixt     ix on tiled nibbles (per 32-row tile and group, 1 KB in the order the lanes load it:
+//              two 512-byte coalesced loads a warp) with the column split whose last wave is
+//              fullest: the bits of 23
+//   23 ixs     ix (row-major nibbles) with 22's column split
+//   24 ixtnp   diagnostic, not checked: 22 without its x-preparation launch (the digits of the
+//              previous call): what that launch costs
 // Exit status 1 when a checked version fails a check. docs/experiments/cuda_kernels.md has the
 // reasoning and, once it has run on the H200, the numbers.
 #include <cuda_runtime.h>
@@ -56,6 +67,7 @@
 
 #include "backend/cuda/gemv_tc_q4_impl.cuh"
 #include "bench_util.cuh"
+#include "lab_gemv_q4_ix.cuh"
 #include "lab_gemv_q4_more.cuh"
 #include "lab_gemv_q4_pc.cuh"
 
@@ -122,13 +134,13 @@ using namespace qf::bench;
 
 namespace {
 
-constexpr int kVersions = 20;
+constexpr int kVersions = 24;
 const char* const kNames[kVersions + 1] = {"",      "prod",  "x2",    "prex", "x2d6", "ks1",     "ks2",  "ks4", "ks8",
                                            "noalu", "nomma", "xpf",   "v2",   "v2nx", "v2nomma", "v2d3", "v2o3",
-                                           "pf",    "o3",    "rh",    "rhpf"};
+                                           "pf",    "o3",    "rh",    "rhpf",  "ix",    "ixt",   "ixs",   "ixtnp"};
 // The version whose bits a version claims (0: none beyond the CPU and row-invariance checks).
-int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 || v >= 17 ? 1 : v == 13 || v == 15 || v == 16 ? 12 : 0; }
-bool diagnostic(int v) { return v == 9 || v == 10 || v == 14; }
+int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 || (v >= 17 && v <= 20) ? 1 : v == 13 || v == 15 || v == 16 ? 12 : v == 22 ? 23 : 0; }
+bool diagnostic(int v) { return v == 9 || v == 10 || v == 14 || v == 24; }
 
 // Scratch of the pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of
 // (cols / 32) groups (the smallest group) x 16 tokens.
@@ -143,6 +155,20 @@ void ensure_scratch(int64_t cols) {
   g_xq = static_cast<uint4*>(dmalloc(static_cast<size_t>(16) * (cols / 16) * 4 * sizeof(uint4)));
   g_xs = static_cast<float*>(dmalloc(static_cast<size_t>(cols / 32) * 16 * sizeof(float)));
   g_scratch_cols = cols;
+}
+
+// Scratch of version 21: x digits of 16 tokens (3 bytes a column) and (xs, pow2) per group and token.
+uint8_t* g_ixq = nullptr;
+float* g_ixs = nullptr;
+int64_t g_ix_cols = 0;
+
+void ensure_ix_scratch(int64_t cols) {
+  if (cols <= g_ix_cols) return;
+  if (g_ixq) cudaFree(g_ixq);
+  if (g_ixs) cudaFree(g_ixs);
+  g_ixq = static_cast<uint8_t*>(dmalloc(static_cast<size_t>(16) * cols * 3));
+  g_ixs = static_cast<float*>(dmalloc(static_cast<size_t>(cols / 64) * 16 * 2 * sizeof(float)));
+  g_ix_cols = cols;
 }
 
 void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M) {
@@ -170,6 +196,16 @@ void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, con
     case 18: cuda::q4lab_run<cuda::LabO3>(Ws, ys, n, x, x_ld, M, g_st); return;
     case 19: cuda::q4lab_run<cuda::LabRh>(Ws, ys, n, x, x_ld, M, g_st); return;
     case 20: cuda::q4lab_run<cuda::LabRhPf>(Ws, ys, n, x, x_ld, M, g_st); return;
+    case 21:
+      ensure_ix_scratch(Ws[0]->cols);
+      cuda::q4ix_run(Ws, ys, n, x, x_ld, M, g_st, g_ixq, g_ixs);
+      return;
+    case 22:
+    case 23:
+    case 24:
+      ensure_ix_scratch(Ws[0]->cols);
+      cuda::q4ix_run(Ws, ys, n, x, x_ld, M, g_st, g_ixq, g_ixs, v != 23, true, v != 24);
+      return;
     default:
       o.ks = 1 << (v - 5);
       cuda::q4_run<cuda::Q4Recipe>(Ws, ys, n, x, x_ld, M, g_st, false, o);
@@ -186,6 +222,8 @@ struct Case {
 struct Loaded {
   std::vector<Mat> mats;                       // row-major mlx int4 (q, scales, biases)
   std::vector<std::vector<WeightRef>> tiled;   // the same in kTcQ4, one per rotation copy
+  std::vector<std::vector<WeightRef>> ix;      // row-major nibbles + packed scales (versions 21, 23)
+  std::vector<std::vector<WeightRef>> ixt;     // tiled nibbles + packed scales (versions 22, 24)
 };
 
 Loaded load(const Case& c) {
@@ -204,14 +242,40 @@ Loaded load(const Case& c) {
       m.owned.push_back(p);
     }
     l.tiled.push_back(std::move(tw));
+    std::vector<WeightRef> xw(m.w);
+    for (WeightRef& w : xw) {
+      const int ng = static_cast<int>(w.cols / 64);
+      const int64_t nsb = (w.rows + 31) / 32 * ng * 8;
+      void* p = dmalloc(static_cast<size_t>(nsb) * 16);
+      cuda::q4ix_pack_sb_kernel<<<256, 256, 0, g_st>>>(static_cast<const uint16_t*>(w.scales),
+                                                       static_cast<const uint16_t*>(w.biases), static_cast<uint4*>(p),
+                                                       w.rows, ng, nsb);
+      QF_CUDA_CHECK(cudaGetLastError());
+      w.scales = p;
+      w.biases = nullptr;
+      m.owned.push_back(p);
+    }
+    std::vector<WeightRef> tw2(xw);
+    for (WeightRef& w : tw2) {
+      const int64_t nv = (w.rows + 31) / 32 * (w.cols / 64) * 64;
+      void* p = dmalloc(static_cast<size_t>(nv) * 16);
+      cuda::q4ix_tile_kernel<<<512, 256, 0, g_st>>>(static_cast<const uint32_t*>(w.data), static_cast<uint4*>(p), w.rows,
+                                                    w.cols, nv);
+      QF_CUDA_CHECK(cudaGetLastError());
+      w.data = p;
+      m.owned.push_back(p);
+    }
+    l.ix.push_back(std::move(xw));
+    l.ixt.push_back(std::move(tw2));
   }
   QF_CUDA_CHECK(cudaStreamSynchronize(g_st));
   return l;
 }
 
-std::vector<const WeightRef*> group(const Loaded& l, int k) {
+std::vector<const WeightRef*> group(const Loaded& l, int k, int ver) {
   std::vector<const WeightRef*> p;
-  for (const auto& v : l.tiled) p.push_back(&v[k % v.size()]);
+  for (const auto& v : ver == 21 || ver == 23 ? l.ix : ver == 22 || ver == 24 ? l.ixt : l.tiled)
+    p.push_back(&v[k % v.size()]);
   return p;
 }
 
@@ -253,7 +317,7 @@ std::string check(int v, const Case& c, const Loaded& l, const float* dx, const 
   std::vector<float*> ys(n);
   for (int i = 0; i < n; i++) ys[i] = static_cast<float*>(dmalloc(static_cast<size_t>(16) * c.rows[i] * 4));
   auto call = [&](int ver, int M, int off) {
-    const auto ws = group(l, 0);
+    const auto ws = group(l, 0, ver);
     return poisoned_call(ys, c.rows, M, [&] { run_version(ver, ws.data(), ys.data(), n, dx + static_cast<size_t>(off) * cols, cols, M); });
   };
   std::string err;
@@ -365,7 +429,7 @@ int main(int argc, char** argv) {
         double t_prod = 0;
         for (int v : ok) {
           const double us = median_us([&](int i) {
-            const auto ws = group(l, i % nb);
+            const auto ws = group(l, i % nb, v);
             run_version(v, ws.data(), dy, static_cast<int>(c.rows.size()), dx, static_cast<int>(c.cols), M);
           });
           if (v == 1) t_prod = us;
