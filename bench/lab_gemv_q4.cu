@@ -54,11 +54,6 @@
 //   23 ixs     ix (row-major nibbles) with 22's column split
 //   24 ixtnp   diagnostic, not checked: 22 without its x-preparation launch (the digits of the
 //              previous call): what that launch costs
-//   25 pfw     production's bits (lab kernel of 17+) with every unit of the warp's slice prefetched
-//              into L2 before pdl_wait: a GEMV that starts while its predecessor runs (PDL) streams
-//              its weights during that time
-// --chain: besides each launch alone, times 20 pairs (a PDL-launched kernel that rewrites x, then
-// the GEMV on the next weight copy) back to back, as the decode step runs them; per pair, in us.
 // Exit status 1 when a checked version fails a check. docs/experiments/cuda_kernels.md has the
 // reasoning and, once it has run on the H200, the numbers.
 #include <cuda_runtime.h>
@@ -125,21 +120,11 @@ struct LabRh : Q4LabRecipe {
   static constexpr bool row_halves = true;
   static constexpr int depth = 3;
 };
-struct LabPfw : Q4LabRecipe {
-  static constexpr bool pf_all = true;
-};
 struct LabRhPf : Q4LabRecipe {
   static constexpr bool row_halves = true;
   static constexpr int depth = 2;
   static constexpr int pf = 6;
 };
-
-// --chain's producer: rewrites x (the same values) as a norm would before a GEMV.
-__global__ void lab_rewrite_x_kernel(const float* __restrict__ src, float* __restrict__ dst, int n) {
-  pdl_trigger();
-  pdl_wait();
-  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) dst[i] = src[i];
-}
 
 }  // namespace
 }  // namespace qf::cuda
@@ -149,12 +134,12 @@ using namespace qf::bench;
 
 namespace {
 
-constexpr int kVersions = 25;
+constexpr int kVersions = 24;
 const char* const kNames[kVersions + 1] = {"",      "prod",  "x2",    "prex", "x2d6", "ks1",     "ks2",  "ks4", "ks8",
                                            "noalu", "nomma", "xpf",   "v2",   "v2nx", "v2nomma", "v2d3", "v2o3",
-                                           "pf",    "o3",    "rh",    "rhpf",  "ix",    "ixt",   "ixs",   "ixtnp", "pfw"};
+                                           "pf",    "o3",    "rh",    "rhpf",  "ix",    "ixt",   "ixs",   "ixtnp"};
 // The version whose bits a version claims (0: none beyond the CPU and row-invariance checks).
-int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 || (v >= 17 && v <= 20) || v == 25 ? 1 : v == 13 || v == 15 || v == 16 ? 12 : v == 22 ? 23 : 0; }
+int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 || (v >= 17 && v <= 20) ? 1 : v == 13 || v == 15 || v == 16 ? 12 : v == 22 ? 23 : 0; }
 bool diagnostic(int v) { return v == 9 || v == 10 || v == 14 || v == 24; }
 
 // Scratch of the pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of
@@ -211,7 +196,6 @@ void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, con
     case 18: cuda::q4lab_run<cuda::LabO3>(Ws, ys, n, x, x_ld, M, g_st); return;
     case 19: cuda::q4lab_run<cuda::LabRh>(Ws, ys, n, x, x_ld, M, g_st); return;
     case 20: cuda::q4lab_run<cuda::LabRhPf>(Ws, ys, n, x, x_ld, M, g_st); return;
-    case 25: cuda::q4lab_run<cuda::LabPfw>(Ws, ys, n, x, x_ld, M, g_st); return;
     case 21:
       ensure_ix_scratch(Ws[0]->cols);
       cuda::q4ix_run(Ws, ys, n, x, x_ld, M, g_st, g_ixq, g_ixs);
@@ -371,15 +355,6 @@ std::string check(int v, const Case& c, const Loaded& l, const float* dx, const 
 int main(int argc, char** argv) {
   LabArgs args;
   args.Ms = {1, 2, 8, 16};
-  bool chain = false;
-  {
-    int k = 1;
-    for (int i = 1; i < argc; i++) {
-      if (!std::strcmp(argv[i], "--chain")) chain = true;
-      else argv[k++] = argv[i];
-    }
-    argc = k;
-  }
   if (!parse_lab_args(argc, argv, kVersions, 16, false, args)) return 2;
   const bool quick = args.quick;
   std::vector<int> versions = args.versions, Ms = args.Ms;
@@ -413,7 +388,6 @@ int main(int argc, char** argv) {
       cudaFree(dxr);
     }
     float* dx = static_cast<float*>(dmalloc(hx.size() * 4));
-    float* dx_src = static_cast<float*>(dmalloc(hx.size() * 4));
     float* dy[4];
     for (float*& p : dy) p = static_cast<float*>(dmalloc(static_cast<size_t>(16) * maxrows * 4));
     bool failed = false;
@@ -426,7 +400,6 @@ int main(int argc, char** argv) {
       for (int m = 0; m < 16; m++)
         std::memcpy(xc.data() + static_cast<size_t>(m) * c.cols, hx.data() + static_cast<size_t>(m) * maxcols, c.cols * 4);
       QF_CUDA_CHECK(cudaMemcpy(dx, xc.data(), xc.size() * 4, cudaMemcpyHostToDevice));
-      QF_CUDA_CHECK(cudaMemcpy(dx_src, xc.data(), xc.size() * 4, cudaMemcpyHostToDevice));
       std::vector<CpuRef> refs;
       for (const Mat& m : l.mats) refs.push_back(cpu_ref_q4(m.w[0], xc, 16));
       std::vector<int> ok;
@@ -464,31 +437,10 @@ int main(int argc, char** argv) {
           std::printf("%-28s %3d %-7s %10.1f %7.0f %5.1f%% %8s\n", c.name.c_str(), M, kNames[v], us, gbs,
                       100.0 * gbs / ce.copy_gbs, t_prod > 0 ? cuda::fmt_str("%.3f", t_prod / us).c_str() : "-");
         }
-        if (chain && (M == 1 || M == 8)) {
-          constexpr int kPairs = 20;
-          const int nx = M * static_cast<int>(c.cols);
-          double c_prod = 0;
-          for (int v : ok) {
-            const double us = median_us([&](int i) {
-                                for (int p = 0; p < kPairs; p++) {
-                                  cuda::launch_k(cuda::lab_rewrite_x_kernel, dim3(std::min(132, (nx + 255) / 256)), dim3(256),
-                                                 0, g_st, static_cast<const float*>(dx_src), dx, nx);
-                                  const auto ws = group(l, (i * kPairs + p) % nb, v);
-                                  run_version(v, ws.data(), dy, static_cast<int>(c.rows.size()), dx,
-                                              static_cast<int>(c.cols), M);
-                                }
-                              }) /
-                              kPairs;
-            if (v == 1) c_prod = us;
-            std::printf("%-28s %3d %-7s %10.1f %7s %6s %8s  (chain: us a pair)\n", c.name.c_str(), M, kNames[v], us, "", "",
-                        c_prod > 0 ? cuda::fmt_str("%.3f", c_prod / us).c_str() : "-");
-          }
-        }
       }
       for (Mat& m : l.mats) free_mat(m);
     }
     cudaFree(dx);
-    cudaFree(dx_src);
     for (float* p : dy) cudaFree(p);
     std::printf("%s\n", failed ? "lab: a version FAILED its checks" : "lab: every checked version passed its checks");
     return failed ? 1 : 0;

@@ -33,7 +33,6 @@ struct Q4LabRecipe {
   static constexpr int min_blocks = 2;       // resident blocks per SM asked of ptxas at one token tile
   static constexpr int min_blocks_nt2 = 1;   // at two token tiles
   static constexpr int pf = 0;               // L2 prefetch distance beyond the ring, in units (0: none)
-  static constexpr bool pf_all = false;      // before pdl_wait: prefetch.global.L2 of every unit of the slice
 };
 
 // 8-byte streaming load (the row half's two scale words), as ld_stream16.
@@ -194,9 +193,6 @@ __global__ void __launch_bounds__(kQ4Warps * (R::row_halves ? 2 : 1) * 32, NT ==
   if constexpr (PF > 0) {
 #pragma unroll
     for (int d = 0; d < PF; d++) prefetch(u0 + DEPTH + d);
-  }
-  if constexpr (R::pf_all) {  // the weights never depend on an earlier kernel: all of them into L2 now
-    for (int u = u0 + DEPTH; u < u1; u++) prefetch(u);
   }
   pdl_wait();
   for (int u = u0; u < u1; u += DEPTH) {
