@@ -50,7 +50,9 @@ def drafter_config(R, args):
         taps = [int(x) for x in str(args.drafter_taps).split(",")]
     if max(taps) >= n_target:
         raise SystemExit(f"--drafter-taps {taps}: the target has {n_target} layers")
-    n_layers = 2
+    n_layers = int(getattr(args, "drafter_layers", 2))
+    if n_layers < 1:
+        raise SystemExit(f"--drafter-layers {n_layers}: must be >= 1")
     return R.DFlash2Config(
         hidden_size=tcfg["hidden_size"],
         intermediate_size=tcfg["intermediate_size"],

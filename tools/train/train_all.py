@@ -130,9 +130,17 @@ def parse_args(argv=None):
     g.add_argument("--gen-new", type=int, default=128)
     g.add_argument("--gen-heldout", type=int, default=512, help="held-out continuations (validation-split prompts)")
     g.add_argument("--gen-max-min", type=float, default=2.5)
+    g.add_argument("--gen-dtype", choices=("fp32", "bf16"), default="fp32",
+                   help="decode precision: fp32 = the argmax of qflash's fp32 path (TF32 off); bf16 = bf16 "
+                        "autocast (up to v6), whose 8-bit logits turn near-ties into lowest-id picks")
+    g.add_argument("--gen-prompt-chunks", default=None,
+                   help="uint16 [C, L] .npy of train-split chunks to draw the training prompts from, instead "
+                        "of the whole train stream (for a device call that cannot carry it; "
+                        "`stage_gen.py chunks` writes one)")
 
     g = p.add_argument_group("drafter")
     g.add_argument("--drafter-steps", type=int, default=3600)
+    g.add_argument("--drafter-layers", type=int, default=2, help="decoder layers of the drafter")
     g.add_argument("--drafter-batch", type=int, default=128, help="sequences per step")
     g.add_argument("--drafter-anchors", type=int, default=32, help="random anchors per sequence")
     g.add_argument("--drafter-lr", type=float, default=1e-3)
