@@ -142,33 +142,32 @@ const char* const kNames[kVersions + 1] = {"",      "prod",  "x2",    "prex", "x
 int same_bits_as(int v) { return (v >= 2 && v <= 4) || v == 11 || (v >= 17 && v <= 20) ? 1 : v == 13 || v == 15 || v == 16 ? 12 : v == 22 ? 23 : 0; }
 bool diagnostic(int v) { return v == 9 || v == 10 || v == 14 || v == 24; }
 
-// Scratch of the pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of
-// (cols / 32) groups (the smallest group) x 16 tokens.
-uint4* g_xq = nullptr;
-float* g_xs = nullptr;
-int64_t g_scratch_cols = 0;
+// Two device buffers that grow with the columns of the widest case (freed and reallocated).
+struct Scratch2 {
+  void* a = nullptr;
+  void* b = nullptr;
+  int64_t cols = 0;
+  void ensure(int64_t c, size_t bytes_a, size_t bytes_b) {
+    if (c <= cols) return;
+    if (a) cudaFree(a);
+    if (b) cudaFree(b);
+    a = dmalloc(bytes_a);
+    b = dmalloc(bytes_b);
+    cols = c;
+  }
+};
+// pre_x recipe: pieces of 16 tokens x (cols / 16) k-steps x 4 lanes, sums of (cols / 32) groups
+// (the smallest group) x 16 tokens.
+Scratch2 g_prex;
+// Versions 21+: x digits of 16 tokens (3 bytes a column) and (xs, pow2) per group and token.
+Scratch2 g_ix;
 
 void ensure_scratch(int64_t cols) {
-  if (cols <= g_scratch_cols) return;
-  if (g_xq) cudaFree(g_xq);
-  if (g_xs) cudaFree(g_xs);
-  g_xq = static_cast<uint4*>(dmalloc(static_cast<size_t>(16) * (cols / 16) * 4 * sizeof(uint4)));
-  g_xs = static_cast<float*>(dmalloc(static_cast<size_t>(cols / 32) * 16 * sizeof(float)));
-  g_scratch_cols = cols;
+  g_prex.ensure(cols, static_cast<size_t>(16) * (cols / 16) * 4 * sizeof(uint4),
+                static_cast<size_t>(cols / 32) * 16 * sizeof(float));
 }
-
-// Scratch of version 21: x digits of 16 tokens (3 bytes a column) and (xs, pow2) per group and token.
-uint8_t* g_ixq = nullptr;
-float* g_ixs = nullptr;
-int64_t g_ix_cols = 0;
-
 void ensure_ix_scratch(int64_t cols) {
-  if (cols <= g_ix_cols) return;
-  if (g_ixq) cudaFree(g_ixq);
-  if (g_ixs) cudaFree(g_ixs);
-  g_ixq = static_cast<uint8_t*>(dmalloc(static_cast<size_t>(16) * cols * 3));
-  g_ixs = static_cast<float*>(dmalloc(static_cast<size_t>(cols / 64) * 16 * 2 * sizeof(float)));
-  g_ix_cols = cols;
+  g_ix.ensure(cols, static_cast<size_t>(16) * cols * 3, static_cast<size_t>(cols / 64) * 16 * 2 * sizeof(float));
 }
 
 void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M) {
@@ -179,8 +178,8 @@ void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, con
     case 3:
       ensure_scratch(Ws[0]->cols);
       o.np = 2;
-      o.xq = g_xq;
-      o.xs = g_xs;
+      o.xq = static_cast<uint4*>(g_prex.a);
+      o.xs = static_cast<float*>(g_prex.b);
       cuda::q4_run<cuda::RecipePre>(Ws, ys, n, x, x_ld, M, g_st, false, o);
       return;
     case 4: cuda::q4_run<cuda::RecipeX2D6>(Ws, ys, n, x, x_ld, M, g_st, false, o); return;
@@ -198,13 +197,13 @@ void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, con
     case 20: cuda::q4lab_run<cuda::LabRhPf>(Ws, ys, n, x, x_ld, M, g_st); return;
     case 21:
       ensure_ix_scratch(Ws[0]->cols);
-      cuda::q4ix_run(Ws, ys, n, x, x_ld, M, g_st, g_ixq, g_ixs);
+      cuda::q4ix_run(Ws, ys, n, x, x_ld, M, g_st, static_cast<uint8_t*>(g_ix.a), static_cast<float*>(g_ix.b));
       return;
     case 22:
     case 23:
     case 24:
       ensure_ix_scratch(Ws[0]->cols);
-      cuda::q4ix_run(Ws, ys, n, x, x_ld, M, g_st, g_ixq, g_ixs, v != 23, true, v != 24);
+      cuda::q4ix_run(Ws, ys, n, x, x_ld, M, g_st, static_cast<uint8_t*>(g_ix.a), static_cast<float*>(g_ix.b), v != 23, true, v != 24);
       return;
     default:
       o.ks = 1 << (v - 5);

@@ -39,6 +39,7 @@
 #include <stdexcept>
 
 #include "backend/cuda/device_common.cuh"
+#include "lab_gemv_q4_more.cuh"  // ld_stream8 (ld_stream16: device_common.cuh)
 
 namespace qf::cuda {
 namespace {
@@ -55,19 +56,6 @@ struct Q4IxParams {
   const uint4* xq;    // [16 tokens][ng][3 digits][4 t] x 16 bytes
   const float4* xsp;  // [ng][8]: tokens 2i, 2i + 1 as (xs, pow2, xs, pow2)
 };
-
-__device__ __forceinline__ uint2 ix_ld8(const void* p) {
-  uint2 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
-  return r;
-}
-__device__ __forceinline__ uint4 ix_ld16(const void* p) {
-  uint4 r;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-               : "l"(p));
-  return r;
-}
 
 __device__ __forceinline__ void ix_mma(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                        uint32_t b1) {
@@ -203,16 +191,16 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) q4ix_kernel(const Q4IxPa
     uint4 SB[D];
     auto load = [&](uint2 (&w)[4], uint4& sbv, int gi) {
       if constexpr (TILED) {
-        const uint4 u0 = ix_ld16(tb + gi * 64), u1 = ix_ld16(tb + gi * 64 + 32);
+        const uint4 u0 = ld_stream16(tb + gi * 64), u1 = ld_stream16(tb + gi * 64 + 32);
         w[0] = make_uint2(u0.x, u0.y);
         w[1] = make_uint2(u0.z, u0.w);
         w[2] = make_uint2(u1.x, u1.y);
         w[3] = make_uint2(u1.z, u1.w);
       } else {
 #pragma unroll
-        for (int i = 0; i < 4; i++) w[i] = (rok >> i) & 1u ? ix_ld8(rb + i * rstride + gi * 4) : make_uint2(0u, 0u);
+        for (int i = 0; i < 4; i++) w[i] = (rok >> i) & 1u ? ld_stream8(rb + i * rstride + gi * 4) : make_uint2(0u, 0u);
       }
-      sbv = ix_ld16(sbp + gi * 8);
+      sbv = ld_stream16(sbp + gi * 8);
     };
 #pragma unroll
     for (int s = 0; s < D; s++)
