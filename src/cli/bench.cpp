@@ -374,6 +374,7 @@ int cmd_bench(const BenchArgs& a) {
     std::vector<GenStats> all;
     go.sampling.temperature = static_cast<float>(a.temperature);
     const auto& ps = prompts.empty() ? std::vector<std::vector<int32_t>>{prompt} : prompts;
+    if (a.warmup) g.warm_up(ps[0]);  // not timed: every round shape's graphs recorded first
     for (size_t i = 0; i < ps.size(); i++) {
       go.sampling.seed = a.seed + i;  // prompt i draws from the same seed in every run
       all.push_back(g.generate(ps[i], go, nullptr));
@@ -487,6 +488,8 @@ void add_bench_options(CLI::App* c, BenchArgs& a) {
   c->add_option("--prompts", a.prompts, "JSONL/text file of prompts: real acceptance");
   c->add_option("--n-prompts", a.n_prompts, "use the first N prompts");
   c->add_flag("--profile", a.profile, "time every kernel of a decode step, an 8-row verify and a draft pass (no graphs)");
+  c->add_flag("!--no-warmup", a.warmup,
+              "time generation without first recording the graphs of every round shape (Generator::warm_up)");
   c->add_flag("--ops-only", a.ops_only, "op timings (and --profile) only: no end-to-end generation");
   c->add_flag("--real", a.real, "real acceptance on the random prompt (no forcing)");
   c->add_flag("--adaptive", a.adaptive,

@@ -47,7 +47,7 @@ struct BenchArgs {
   // draws' seeds. T > 0 needs real acceptance (--prompts or --real): forcing is greedy-only.
   double temperature = 0.0;
   uint64_t seed = 0;
-  bool real = false, mtp = true, profile = false, ops_only = false, adaptive = false;
+  bool real = false, mtp = true, profile = false, ops_only = false, adaptive = false, warmup = true;
 };
 void add_bench_options(CLI::App* cmd, BenchArgs& a);
 // Throws qf::Error(Usage) for a bad value (through the shared validators where a flag is one).

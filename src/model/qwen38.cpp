@@ -136,6 +136,7 @@ void Qwen38Model::build(const std::string& origin, const std::string& lm_name) {
 }
 
 uint64_t Qwen38Model::graph_replays() const { return graphs_ ? graphs_->replays() : 0; }
+uint64_t Qwen38Model::graph_recordings() const { return graphs_ ? graphs_->recordings() : 0; }
 
 void Qwen38Model::set_taps(const std::vector<int>& ids) {
   for (int id : ids)

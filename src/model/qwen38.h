@@ -77,6 +77,7 @@ class Qwen38Model final : public TargetModel {
 
   // Forwards replayed from a recorded CUDA graph so far (0 on backends without graphs).
   uint64_t graph_replays() const;
+  uint64_t graph_recordings() const;
   const int32_t* argmax_ids() const override { return argmax_.i(); }
   const float* logits() const override { return logits_.f(); }
   const float* final_hidden() const override { return out_hidden_; }

@@ -1,6 +1,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 
@@ -104,6 +105,18 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
            e->source_ ? e->source_->name().c_str() : "none", prefill_rows,
            opt.prefill_rows == kPrefillRowsAuto ? " (auto)" : "");
   return e;
+}
+
+double Engine::warm_up() {
+  if (!be_->graphs_enabled()) return 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Under 64 tokens: a prompt that leaves no prefix-cache snapshot.
+  std::vector<int32_t> p = tok_->encode("def main():\n    print(\"hello\")\n", false);
+  const int V = target_->config().vocab_size;
+  p.erase(std::remove_if(p.begin(), p.end(), [&](int32_t t) { return t < 0 || t >= V; }), p.end());
+  if (p.empty()) p.push_back(0);
+  gen_->warm_up(p);
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
 GenerationLimits Engine::limits() const {

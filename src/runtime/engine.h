@@ -56,6 +56,10 @@ class Engine {
                          const std::function<bool(const std::string&)>& on_text, const RoundCallback& rc = nullptr);
   // The stop ids of this model: the tokenizer's eos ids plus the config's eos_token_id.
   std::vector<int32_t> stop_ids() const;
+  // Before the first request (the server calls it): records the graphs of every round shape
+  // (Generator::warm_up) on a short prompt, so that no request pays for them. Returns the
+  // milliseconds taken; 0 on a backend without graphs (nothing runs).
+  double warm_up();
 
  private:
   std::unique_ptr<Backend> be_;

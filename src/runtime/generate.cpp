@@ -196,6 +196,44 @@ int32_t Generator::prefill(Run& run, const std::vector<int32_t>& prompt) {
   return first;
 }
 
+void Generator::warm_up(const std::vector<int32_t>& prompt) {
+  if (!target_.backend().graphs_enabled() || prompt.empty()) return;
+  const int room = state_->max_pos - static_cast<int>(prompt.size()) - 1;
+  auto rounds = [&](int k, int keep) {  // three rounds at depth k keeping `keep` drafts
+    GenerateOptions o;
+    o.draft_k = k;
+    o.max_new_tokens = std::min(3 * (keep + 1), room);
+    o.accept_override = forced_acceptance(keep);
+    if (o.max_new_tokens > 0) generate(prompt, o, nullptr);
+  };
+  if (!source_) {
+    rounds(1, 0);  // a Generator without a source runs plain steps only
+    return;
+  }
+  // Largest shapes first: an op whose scratch must grow moves the graph epoch, and every
+  // recording made before it would be made again. Plain steps defer the source's rows, caught up
+  // in one batch when drafting resumes: at most the controller's longest wait between probes
+  // (DepthController::Params::probe_max) rows, the largest batch of a run; so the controller is
+  // first run through plain steps (nothing accepted) until it has caught up a batch of that size
+  // (waits 4, 8, .., probe_max, each ended by a probe).
+  GenerateOptions o;
+  o.draft_k = kDraftKAuto;
+  o.accept_override = forced_acceptance(0);
+  o.max_new_tokens = std::min(3 * DepthController::Params{}.probe_max, room);
+  if (o.max_new_tokens > 0) generate(prompt, o, nullptr);
+  // Then each depth, deepest first; depth k keeping k - 1 observes k rows, the first run max + 1.
+  rounds(max_k_, max_k_);
+  for (int k = max_k_; k >= 1; k--) rounds(k, k - 1);
+  // The plain step inside a speculative run: verify(0)'s forward (its observe is deferred).
+  ForwardOpts fo;
+  fo.taps = source_->needs_taps();
+  fo.final_hidden = true;
+  target_.reset(*state_);
+  for (int i = 0; i < 3; i++) target_.forward(*state_, prompt.data(), 1, fo);
+  target_.reset(*state_);
+  target_.backend().sync();
+}
+
 // The next token from the last forward's single logits row: argmax, or a draw from p at T > 0.
 int32_t Generator::sample_last_row(Run& run) {
   Backend& be = target_.backend();

@@ -84,6 +84,14 @@ class Generator {
   // cached prefix of the prompt and stores snapshots of this prompt for later requests. Null
   // (the default) turns it off; so does a draft source that is not resumable().
   void set_prefix_cache(PrefixCache* cache) { cache_ = cache; }
+  // Runs every round shape this pair can take on `prompt` until its graphs are recorded (a
+  // graph key records on its second run, graph_runner.h): the plain step, draft + verify at each
+  // depth 1..max, the source's observe of 1..max+1 rows, and the catch-up of the longest plain
+  // run the controller makes (which sizes backend scratch). A long-running engine is in that
+  // state after its first requests; `qflash bench` calls this before timing, so that no
+  // configuration is charged for recordings inside its timed run (the depth controller tries
+  // several depths early, a fixed depth one). Output is discarded; no-op without graphs.
+  void warm_up(const std::vector<int32_t>& prompt);
   PrefixCache* prefix_cache() const { return cache_; }
 
  private:

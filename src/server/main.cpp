@@ -75,6 +75,8 @@ int main(int argc, char** argv) {
   try {
     qf::http::check_bindable(so.host, so.port);  // before a load that may take minutes
     auto engine = qf::Engine::create(eo);
+    const double warm_ms = engine->warm_up();  // before listening: no request records graphs
+    if (warm_ms > 0) std::fprintf(stderr, "qflash-server: round shapes recorded in %.0f ms\n", warm_ms);
     qf::Server server(*engine, so);
     g_server = &server;
     std::signal(SIGINT, on_signal);

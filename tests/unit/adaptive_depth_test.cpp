@@ -157,6 +157,32 @@ TEST_P(AdaptiveDepth, ForcedAcceptanceSteersTheDepth) {
   for (size_t r = 30; r + 3 < four.ks.size(); r++) EXPECT_EQ(four.ks[r], 4) << "round " << r;
 }
 
+// Generator::warm_up: afterwards a run under the controller (which tries several depths and plain
+// steps) records no new target graph on a backend with graphs, and its bytes are plain decoding's
+// (the warm-up's own runs leave nothing behind in the state or the source).
+TEST_P(AdaptiveDepth, WarmUpRecordsEveryRoundShapeAndChangesNothing) {
+  const auto prompt = random_prompt(19, tiny().t.vocab, 12);
+  GenerateOptions o;
+  o.max_new_tokens = 120;
+  const Out plain = generate(*m_, nullptr, prompt, o);
+  DFlashDraftSource dfl(DFlash2Drafter::load(tiny().drafter, *m_));
+  MtpDraftSource mtp(*m_, 1024);
+  for (DraftSource* s : std::vector<DraftSource*>{&dfl, &mtp}) {
+    Generator g(*m_, s, 1024);
+    g.warm_up(prompt);
+    const uint64_t rec = m_->graph_recordings();
+    if (be_->graphs_enabled()) EXPECT_GT(rec, 0u) << s->name();
+    // Forced 0 then real acceptance: plain steps, probes and deep rounds under the controller.
+    o.accept_override = forced_acceptance(0);
+    g.generate(prompt, o, nullptr);
+    o.accept_override = nullptr;
+    Out a;
+    a.stats = g.generate(prompt, o, [&](int32_t t) { a.tokens.push_back(t); return true; });
+    EXPECT_EQ(a.tokens, plain.tokens) << s->name();
+    EXPECT_EQ(m_->graph_recordings(), rec) << s->name() << ": a target graph was recorded after the warm-up";
+  }
+}
+
 // Organic drafters under measured (not injected) costs: whatever the controller picks, the
 // bytes are plain decoding's; MTP's seed check and DFlash2's context check would throw if a
 // catch-up left a source misaligned.

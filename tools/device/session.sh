@@ -50,6 +50,7 @@
 #   ncuattnsrc (not default) Nsight Compute source counters + stalls of the attention prefill kernel
 #             (one 27B layer, 8,192 rows) -> attn_source.csv.gz
 #   prefkeep  (not default) 8k/32k prompts with QFLASH_PREFILL_WEIGHTS=keep vs untile (H200: ~108 GB)
+#   warmab    (not default) bench generation with / without Generator::warm_up (issue 15), 64 and 8k context
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
 #   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
 #   adaptive  (not default) --draft-k auto (issue 15): the controller's tests on cuda, then the 27B
@@ -247,6 +248,27 @@ for mk in 2 4; do
     --prompts models/demo/validation_prompts.jsonl --n-prompts 32 --gen 128 --adaptive \
     --json "$LOG/adaptive_mtp$mk.json"
 done
+# Graph warm-up before timing (Generator::warm_up, issue 15): the controller's tests on cuda, then
+# the 27B forced-acceptance benches at 64 and 8k context without and with the warm-up, same call.
+if want warmab; then
+  step warm_tests 150 gtest "$BIN/qflash_tests" \
+    --gtest_filter='*AdaptiveDepth*/cuda:Pairs/SpecIdentity*_cuda' --gtest_color=no
+  for wv in no-warmup warmup; do
+    wf=$([[ $wv == no-warmup ]] && echo --no-warmup || true)
+    step "warm64_$wv" 150 plain "$BIN/qflash" bench --device cuda $wf \
+      --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+      --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+      --force-accept 0,4 --adaptive --gen 256 --reps 5 --json "$LOG/warm64_$wv.json"
+  done
+  for wv in ${WARM8K:-warmup}; do
+    wf=$([[ $wv == no-warmup ]] && echo --no-warmup || true)
+    step "warm8k_$wv" 200 plain "$BIN/qflash" bench --device cuda $wf \
+      --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+      --synthetic-drafter tests/fixtures/configs/dflash2_27b/config.json \
+      --prompt-len 8192 --max-context 8704 --force-accept 0,4 --adaptive --gen 256 --reps 5 \
+      --json "$LOG/warm8k_$wv.json"
+  done
+fi
 # Prefill kernels and long prompts (issue 12): one chunked GDN layer's time on the 27B shapes,
 # HF parity of the prefill on 2,100-token prompts.
 want gdnbench && step gdnbench 90 plain "$BIN/qflash_gdn_bench" --rows 4096,8192,32768 --no-rows
