@@ -106,12 +106,13 @@ void Generator::begin(Run& run, const std::vector<int32_t>& prompt) {
     st.k_auto = run.opt.draft_k < 1;
     run.k_req = st.k_auto ? max_k_ : std::clamp(run.opt.draft_k, 1, max_k_);
     if (st.k_auto) {
-      // One controller per Generator: round costs are the machine's and carry over; the
-      // acceptance profile carries over as a prior, and probing starts over
-      // (DepthController::new_request).
-      if (!depth_) depth_ = std::make_unique<DepthController>(max_k_);
-      depth_->new_request();
-      run.ctl = depth_.get();
+      // One controller per Generator and decoding mode (greedy, sampled: their rounds cost
+      // differently): round costs are the machine's and carry over; the acceptance profile
+      // carries over as a prior, and probing starts over (DepthController::new_request).
+      std::unique_ptr<DepthController>& ctl = run.sampled ? depth_sampled_ : depth_;
+      if (!ctl) ctl = std::make_unique<DepthController>(max_k_);
+      ctl->new_request();
+      run.ctl = ctl.get();
     }
     st.draft = source_->name();
   }

@@ -115,7 +115,9 @@ class Generator {
   std::unique_ptr<TargetState> state_;
   int max_k_ = 0;
   PrefixCache* cache_ = nullptr;
-  std::unique_ptr<DepthController> depth_;  // --draft-k auto, kept across requests
+  // --draft-k auto, kept across requests: one for greedy and one for sampled requests, whose
+  // rounds cost differently (a sampled verify downloads its logits rows; drafts are sampled).
+  std::unique_ptr<DepthController> depth_, depth_sampled_;
 };
 
 }  // namespace qf
