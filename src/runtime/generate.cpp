@@ -197,8 +197,12 @@ int32_t Generator::prefill(Run& run, const std::vector<int32_t>& prompt) {
   return first;
 }
 
-void Generator::warm_up(const std::vector<int32_t>& prompt) {
-  if (!target_.backend().graphs_enabled() || prompt.empty()) return;
+void Generator::warm_up(const std::vector<int32_t>& prompt_in) {
+  if (!target_.backend().graphs_enabled() || prompt_in.empty()) return;
+  // A prompt the context cannot hold with room for the runs below is cut (a small --max-context).
+  const int need = 3 * DepthController::Params{}.probe_max + 2, P = static_cast<int>(prompt_in.size());
+  const int keep = P + need <= state_->max_pos ? P : std::max(1, std::max(state_->max_pos - need, state_->max_pos / 4));
+  const std::vector<int32_t> prompt(prompt_in.begin(), prompt_in.begin() + std::min(P, keep));
   const int room = state_->max_pos - static_cast<int>(prompt.size()) - 1;
   auto rounds = [&](int k, int keep) {  // three rounds at depth k keeping `keep` drafts
     GenerateOptions o;
@@ -229,8 +233,10 @@ void Generator::warm_up(const std::vector<int32_t>& prompt) {
   ForwardOpts fo;
   fo.taps = source_->needs_taps();
   fo.final_hidden = true;
-  target_.reset(*state_);
-  for (int i = 0; i < 3; i++) target_.forward(*state_, prompt.data(), 1, fo);
+  for (int i = 0; i < 3; i++) {
+    target_.reset(*state_);  // (the key does not depend on the position)
+    target_.forward(*state_, prompt.data(), 1, fo);
+  }
   target_.reset(*state_);
   target_.backend().sync();
 }
