@@ -199,10 +199,11 @@ int32_t Generator::prefill(Run& run, const std::vector<int32_t>& prompt) {
 
 void Generator::warm_up(const std::vector<int32_t>& prompt_in) {
   if (!target_.backend().graphs_enabled() || prompt_in.empty()) return;
+  const int probe_max = DepthController::Params{}.probe_max;
   // A prompt the context cannot hold with room for the runs below is cut (a small --max-context).
-  const int need = 3 * DepthController::Params{}.probe_max + 2, P = static_cast<int>(prompt_in.size());
-  const int keep = P + need <= state_->max_pos ? P : std::max(1, std::max(state_->max_pos - need, state_->max_pos / 4));
-  const std::vector<int32_t> prompt(prompt_in.begin(), prompt_in.begin() + std::min(P, keep));
+  const int need = 3 * probe_max + 2, P = static_cast<int>(prompt_in.size());
+  const int cut = P + need <= state_->max_pos ? P : std::max(1, std::max(state_->max_pos - need, state_->max_pos / 4));
+  const std::vector<int32_t> prompt(prompt_in.begin(), prompt_in.begin() + std::min(P, cut));
   const int room = state_->max_pos - static_cast<int>(prompt.size()) - 1;
   auto rounds = [&](int k, int keep) {  // three rounds at depth k keeping `keep` drafts
     GenerateOptions o;
@@ -224,18 +225,15 @@ void Generator::warm_up(const std::vector<int32_t>& prompt_in) {
   GenerateOptions o;
   o.draft_k = kDraftKAuto;
   o.accept_override = forced_acceptance(0);
-  o.max_new_tokens = std::min(3 * DepthController::Params{}.probe_max, room);
+  o.max_new_tokens = std::min(3 * probe_max, room);
   if (o.max_new_tokens > 0) generate(prompt, o, nullptr);
   // Then each depth, deepest first; depth k keeping k - 1 observes k rows, the first run max + 1.
   rounds(max_k_, max_k_);
   for (int k = max_k_; k >= 1; k--) rounds(k, k - 1);
   // The plain step inside a speculative run: verify(0)'s forward (its observe is deferred).
-  ForwardOpts fo;
-  fo.taps = source_->needs_taps();
-  fo.final_hidden = true;
   for (int i = 0; i < 3; i++) {
     target_.reset(*state_);  // (the key does not depend on the position)
-    target_.forward(*state_, prompt.data(), 1, fo);
+    target_.forward(*state_, prompt.data(), 1, verify_opts(0));
   }
   target_.reset(*state_);
   target_.backend().sync();
@@ -282,11 +280,7 @@ void Generator::verify(Run& run, int k) {
   PhaseTimer timer(run.stats.verify_ms);
   run.block[0] = run.anchor;
   std::copy(run.drafts.begin(), run.drafts.begin() + k, run.block.begin() + 1);
-  ForwardOpts fo;
-  fo.capture = k > 0;
-  fo.taps = source_ && source_->needs_taps();
-  fo.final_hidden = source_ != nullptr;
-  target_.forward(*state_, run.block.data(), k + 1, fo);
+  target_.forward(*state_, run.block.data(), k + 1, verify_opts(k));
   Backend& be = target_.backend();
   if (run.sampled) {
     run.logits.resize(static_cast<size_t>(k + 1) * target_.config().vocab_size);
@@ -294,6 +288,14 @@ void Generator::verify(Run& run, int k) {
   } else {
     be.download(run.target_ids.data(), target_.argmax_ids(), (k + 1) * sizeof(int32_t));
   }
+}
+
+ForwardOpts Generator::verify_opts(int k) const {
+  ForwardOpts fo;
+  fo.capture = k > 0;
+  fo.taps = source_ && source_->needs_taps();
+  fo.final_hidden = source_ != nullptr;
+  return fo;
 }
 
 Verdict Generator::accept(Run& run, int k) {

@@ -105,6 +105,7 @@ class Generator {
   int round_depth(Run& run) const;
   void draft(Run& run, int k);
   void verify(Run& run, int k);
+  ForwardOpts verify_opts(int k) const;  // the target forward of a round of depth k (0: a plain step)
   Verdict accept(Run& run, int k);
   void record_round(Run& run, int k, const Verdict& v);
   void commit(Run& run, int k, const Verdict& v);
