@@ -70,7 +70,12 @@ size_t prefill_work_bytes(const TargetConfig& c, int prefill_rows) {
   if (prefill_rows <= 0) return 0;
   const size_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const size_t per_row = work_row_bytes(c) / 4;
-  size_t b = static_cast<size_t>(prefill_rows) * (per_row - V + 6 * H + I / 2) * 4 + 2 * I * H * 2;
+  // The split-attention partials only where the prompt's attention falls back to the decode
+  // kernel: head dims the prefill attention kernels do not cover (every engine path keeps K/V in
+  // bf16, which they need; an fp32 cache exists only in tests, which do not size from this).
+  const bool prefill_attention = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
+  const size_t attn_part = prefill_attention ? static_cast<size_t>(c.num_attention_heads) * 64 * (c.head_dim + 2) : 0;
+  size_t b = static_cast<size_t>(prefill_rows) * (per_row - V - attn_part + 6 * H + I / 2) * 4 + 2 * I * H * 2;
   // The MTP head runs the prompt pairs in chunks of its own (MtpHead::kPrefillRows).
   if (c.mtp_num_hidden_layers > 0)
     b += static_cast<size_t>(std::min(prefill_rows, MtpHead::kPrefillRows)) * (per_row - V) * 4;

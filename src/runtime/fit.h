@@ -33,9 +33,11 @@ size_t cache_bytes(const TargetConfig& c, int max_context, int capture_slots);
 // Device bytes per row of a forward's work buffers (estimate_memory's work = max_rows of these
 // plus prefill_work_bytes).
 size_t work_row_bytes(const TargetConfig& c);
-// The buffers that prefill forwards of `prefill_rows` rows add (0 rows: none). An upper bound: it
-// counts the split-attention partials (1.6 MB a row at 27B) that a prefill forward falls back to
-// where the prefill attention kernel does not apply (fp32 K/V, other shapes), ~2.9 MB a row in all.
+// The buffers that prefill forwards of `prefill_rows` rows add (0 rows: none). An upper bound
+// (~1.3 MB a row at 27B; measured: ~0.6 MB a row, docs/BENCHMARKS.md run 38). The split-attention
+// partials (1.6 MB a row at 27B) count only for head dims the prefill attention kernels do not
+// cover, where a prefill forward falls back to the decode kernel (before 2026-12-07 they always
+// counted, ~2.9 MB a row, which kept 80 GB cards at 4096-row chunks).
 size_t prefill_work_bytes(const TargetConfig& c, int prefill_rows);
 
 // --prefill-chunk auto (EngineOptions::kPrefillRowsAuto): rows per prefill forward. On the CPU
@@ -46,7 +48,7 @@ size_t prefill_work_bytes(const TargetConfig& c, int prefill_rows);
 // none does (the load's own fit check then reports what is missing). 8192 rows were 4.7% faster
 // than 4096 for an 8k prompt at 27B and 4.6% for a 32k one; 16384 gave nothing more
 // (docs/BENCHMARKS.md, runs 39 and 41). With the bound above, a bf16 27B target with its drafter
-// gets 8192 rows on a 141 GB H200 and 4096 on an 80 GB card.
+// gets 8192 rows on a 141 GB H200 and on an 80 GB card.
 inline constexpr int kAutoPrefillRowsCpu = 4096;
 int auto_prefill_rows(bool gpu, bool int4, size_t free_bytes, size_t total_bytes, size_t other_bytes,
                       const TargetConfig& c);
