@@ -50,6 +50,12 @@ size_t cache_bytes(const TargetConfig& c, int max_context, int capture_slots) {
   return b;
 }
 
+// The CUDA decode attention's split partials of one row, in floats: per head, 64 key splits of
+// max, sum and head_dim accumulators (1.6 MB a row at 27B).
+static size_t attn_partial_floats(const TargetConfig& c) {
+  return static_cast<size_t>(c.num_attention_heads) * 64 * (c.head_dim + 2);
+}
+
 // Per row: logits, a dozen hidden-size buffers, the MLP's three intermediate rows, the attention
 // projections (q|gate, k, v), the GDN mixed row and the CUDA attention partials (per head, 64 key
 // splits of max, sum and head_dim accumulators: 1.6 MB a row at 27B).
@@ -60,8 +66,7 @@ size_t work_row_bytes(const TargetConfig& c) {
   const size_t conv_dim = 2 * key_dim + value_dim;
   const size_t H = c.hidden_size, I = c.intermediate_size, V = c.vocab_size;
   const size_t attn = 2 * static_cast<size_t>(c.num_attention_heads) * c.head_dim + 2 * kvw;
-  const size_t attn_part = static_cast<size_t>(c.num_attention_heads) * 64 * (c.head_dim + 2);
-  return (V + 12 * H + 3 * I + attn + attn_part + conv_dim + value_dim) * 4;
+  return (V + 12 * H + 3 * I + attn + attn_partial_floats(c) + conv_dim + value_dim) * 4;
 }
 
 // Prefill forwards keep their own rows of the same buffers (logits: the last row only) plus tap
@@ -74,7 +79,7 @@ size_t prefill_work_bytes(const TargetConfig& c, int prefill_rows) {
   // kernel: head dims the prefill attention kernels do not cover (every engine path keeps K/V in
   // bf16, which they need; an fp32 cache exists only in tests, which do not size from this).
   const bool prefill_attention = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
-  const size_t attn_part = prefill_attention ? static_cast<size_t>(c.num_attention_heads) * 64 * (c.head_dim + 2) : 0;
+  const size_t attn_part = prefill_attention ? attn_partial_floats(c) : 0;
   size_t b = static_cast<size_t>(prefill_rows) * (per_row - V - attn_part + 6 * H + I / 2) * 4 + 2 * I * H * 2;
   // The MTP head runs the prompt pairs in chunks of its own (MtpHead::kPrefillRows).
   if (c.mtp_num_hidden_layers > 0)
