@@ -238,6 +238,24 @@ class Backend {
     rmsnorm_gated(x, gate, w, x, static_cast<int>(static_cast<int64_t>(M) * W.cols / n), n, eps);
     gemm(W, x, y, M);
   }
+  // The layer norms in front of a projection group: h += r when r is not null (else h is left as
+  // it is), then gemm_group(Ws, ys, n, rmsnorm(h) * w) over rows of `width` (= the weights' cols);
+  // the same bits as add_rmsnorm (or rmsnorm) followed by gemm_group. y [M, width] is scratch for
+  // the norm's fp32 output where a backend needs it; its contents afterwards are unspecified.
+  virtual void add_rmsnorm_gemm_group(float* h, const float* r, const float* w, float* y, int M, int width, float eps,
+                                      const WeightRef* const* Ws, float* const* ys, int n) {
+    if (r)
+      add_rmsnorm(h, r, w, y, M, width, eps);
+    else
+      rmsnorm(h, w, y, M, width, eps);
+    gemm_group(Ws, ys, n, y, M);
+  }
+  // y = gemm(W, x * sigmoid(gate)) with x, gate [M, W.cols] (the attention output gate in front of
+  // the o projection); x's contents afterwards are unspecified.
+  virtual void sigmoid_mul_gemm(const WeightRef& W, float* x, const float* gate, float* y, int M) {
+    sigmoid_mul(x, gate, static_cast<size_t>(M) * W.cols);
+    gemm(W, x, y, M);
+  }
   // gdn_rows without capture, computed chunk-parallel (chunks of kPrefillChunk rows from row 0,
   // state carried between chunks, conv tail handled as in gdn_rows).
   virtual void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w,

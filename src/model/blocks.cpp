@@ -1,6 +1,8 @@
 #include "model/blocks.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 namespace qf {
 
@@ -91,10 +93,35 @@ static void project1(Backend& be, bool prefill, const WeightRef& w, const float*
   project(be, prefill, ws, ys, 1, x, M);
 }
 
+// Prefill fusions of the producers of projection inputs (the layer norms, the attention gate):
+// on unless QFLASH_PREFILL_FUSE=0 (an A/B switch; the bits are the same either way). A dump hook
+// turns them off, since it reads the fp32 rows the fused forms never write.
+static bool prefill_fuse() {
+  static const bool on = [] {
+    const char* e = std::getenv("QFLASH_PREFILL_FUSE");
+    return !(e && std::strcmp(e, "0") == 0);
+  }();
+  return on;
+}
+
+// The mixer's input projections (weights and outputs), in the order its group runs them.
+static int mixer_inputs(const LayerWeights& w, BlockScratch& s, const WeightRef** ws, float** ys) {
+  if (w.full_attention) {
+    ws[0] = &w.attn.q, ws[1] = &w.attn.k, ws[2] = &w.attn.v;
+    ys[0] = s.qg.f(), ys[1] = s.k.f(), ys[2] = s.v.f();
+    return 3;
+  }
+  ws[0] = &w.gdn.qkv, ws[1] = &w.gdn.z, ws[2] = &w.gdn.a, ws[3] = &w.gdn.b;
+  ys[0] = s.mixed.f(), ys[1] = s.z.f(), ys[2] = s.alpha.f(), ys[3] = s.beta.f();
+  return 4;
+}
+
+// `projected`: the input projections already ran (the fused input norm did them).
 static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, int M, const AttnDims& ad,
-                            float eps, const LayerIO& io, const DumpHook* dump, const std::string& name) {
+                            float eps, const LayerIO& io, const DumpHook* dump, const std::string& name,
+                            bool projected, bool fuse) {
   const int nh = ad.n_heads, nkv = ad.n_kv_heads, hd = ad.head_dim;
-  {
+  if (!projected) {
     const WeightRef* ws[3] = {&w.q, &w.k, &w.v};
     float* ys[3] = {s.qg.f(), s.k.f(), s.v.f()};
     project(be, io.prefill, ws, ys, 3, s.a.f(), M);
@@ -118,14 +145,19 @@ static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, 
     be.attention_prefill(s.q.f(), io.kcache, io.vcache, s.attn.f(), M, p, io.meta);
   else
     be.attention(s.q.f(), io.kcache, io.vcache, s.attn.f(), M, p, io.meta);
+  if (fuse) {  // the gate writes the o projection's bf16 input directly (the same bits)
+    be.sigmoid_mul_gemm(w.o, s.attn.f(), s.gate.f(), s.o.f(), M);
+    return;
+  }
   be.sigmoid_mul(s.attn.f(), s.gate.f(), static_cast<size_t>(M) * nh * hd);
   dump_rows(dump, name + ".attn.gated", s.attn.f(), static_cast<size_t>(M) * nh * hd);
   project1(be, io.prefill, w.o, s.attn.f(), s.o.f(), M);
 }
 
 static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, int M, const GdnDims& gd,
-                           float eps, const LayerIO& io, const DumpHook* dump, const std::string& name) {
-  {
+                           float eps, const LayerIO& io, const DumpHook* dump, const std::string& name,
+                           bool projected) {
+  if (!projected) {
     const WeightRef* ws[4] = {&w.qkv, &w.z, &w.a, &w.b};
     float* ys[4] = {s.mixed.f(), s.z.f(), s.alpha.f(), s.beta.f()};
     project(be, io.prefill, ws, ys, 4, s.a.f(), M);
@@ -151,18 +183,31 @@ void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h
                    const AttnDims& ad, const GdnDims& gd, float eps, const LayerIO& io,
                    const DumpHook* dump, const std::string& name) {
   const size_t MH = static_cast<size_t>(M) * H;
-  if (io.pending)  // the previous layer's MLP output, added here together with this layer's norm
+  // Prefill without a dump hook: each norm hands its output to the projections that read it as
+  // their bf16 input (Backend::add_rmsnorm_gemm_group), the same bits as the steps below.
+  const bool fuse = io.prefill && !(dump && *dump) && prefill_fuse();
+  if (fuse) {
+    const WeightRef* ws[4];
+    float* ys[4];
+    const int n = mixer_inputs(w, s, ws, ys);
+    be.add_rmsnorm_gemm_group(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps, ws, ys, n);
+  } else if (io.pending) {  // the previous layer's MLP output, added here together with this layer's norm
     be.add_rmsnorm(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps);
-  else
+  } else {
     be.rmsnorm(h, w.in_norm.ptr(), s.a.f(), M, H, eps);
+  }
   dump_rows(dump, name + ".mixer_in", s.a.f(), MH);
   if (w.full_attention)
-    gated_attention(be, w.attn, s, M, ad, eps, io, dump, name);
+    gated_attention(be, w.attn, s, M, ad, eps, io, dump, name, fuse, fuse);
   else
-    gated_deltanet(be, w.gdn, s, M, gd, eps, io, dump, name);
+    gated_deltanet(be, w.gdn, s, M, gd, eps, io, dump, name, fuse);
   dump_rows(dump, name + ".mixer_out", s.o.f(), MH);
-  be.add_rmsnorm(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps);
-  {
+  if (fuse) {
+    const WeightRef* ws[2] = {&w.mlp.gate, &w.mlp.up};
+    float* ys[2] = {s.g.f(), s.u.f()};
+    be.add_rmsnorm_gemm_group(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps, ws, ys, 2);
+  } else {
+    be.add_rmsnorm(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps);
     const WeightRef* ws[2] = {&w.mlp.gate, &w.mlp.up};
     float* ys[2] = {s.g.f(), s.u.f()};
     project(be, io.prefill, ws, ys, 2, s.a.f(), M);

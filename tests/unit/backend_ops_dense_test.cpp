@@ -402,7 +402,8 @@ QF_OP_SUITE(GemmGroup, gemm_group_cases);
 
 // The prefill fusions (swiglu_gemm, rmsnorm_gated_gemm): the bits of the elementwise op followed
 // by gemm, on the same backend (tiled weights too, where the backend relays them out).
-void check_fused_gemm(Backend& be, bool gated_norm, int64_t N, int64_t K, int n, bool relaid, DType dt = DType::BF16) {
+// kind: 0 swiglu_gemm, 1 rmsnorm_gated_gemm, 2 sigmoid_mul_gemm.
+void check_fused_gemm(Backend& be, int kind, int64_t N, int64_t K, int n, bool relaid, DType dt = DType::BF16) {
   const int M = 130;
   const size_t nx = static_cast<size_t>(M) * K;
   const HostWeight W = random_weight(dt, N, K, 990 + N + K);
@@ -414,30 +415,116 @@ void check_fused_gemm(Backend& be, bool gated_norm, int64_t N, int64_t K, int n,
   const auto a = randn(nx, 71 + K), b = randn(nx, 72 + K), nw = randn(static_cast<size_t>(n), 73 + n);
   const DeviceBuffer da1 = to_device(be, a), da2 = to_device(be, a), db = to_device(be, b), dnw = to_device(be, nw);
   Out fused(be, static_cast<size_t>(M) * N), ref(be, static_cast<size_t>(M) * N);
-  if (gated_norm) {
+  const char* what = "swiglu_gemm vs swiglu + gemm";
+  if (kind == 1) {
     be.rmsnorm_gated_gemm(w, da1.f(), db.f(), dnw.f(), fused.f(), M, n, 1e-6f);
     be.rmsnorm_gated(da2.f(), db.f(), dnw.f(), da2.f(), static_cast<int>(nx / n), n, 1e-6f);
+    what = "rmsnorm_gated_gemm vs rmsnorm_gated + gemm";
+  } else if (kind == 2) {
+    be.sigmoid_mul_gemm(w, da1.f(), db.f(), fused.f(), M);
+    be.sigmoid_mul(da2.f(), db.f(), nx);
+    what = "sigmoid_mul_gemm vs sigmoid_mul + gemm";
   } else {
     be.swiglu_gemm(w, da1.f(), db.f(), fused.f(), M);
     be.swiglu(da2.f(), db.f(), da2.f(), nx);
   }
   be.gemm(w, da2.f(), ref.f(), M);
-  EXPECT_TRUE(same_bits(fused.floats("fused"), ref.floats("op then gemm"),
-                        gated_norm ? "rmsnorm_gated_gemm vs rmsnorm_gated + gemm" : "swiglu_gemm vs swiglu + gemm"));
+  EXPECT_TRUE(same_bits(fused.floats("fused"), ref.floats("op then gemm"), what));
   if (copy) be.release_weight(copy);
 }
 
 std::vector<OpCase> fused_gemm_cases() {
-  return {{"swiglu_n300_k1024", [](Backend& be) { check_fused_gemm(be, false, 300, 1024, 0, false); }},
-          {"swiglu_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, false, 128, 1024, 0, true); }},
-          {"swiglu_n37_k203", [](Backend& be) { check_fused_gemm(be, false, 37, 203, 0, false); }},
-          {"rmsnorm_gated_n64_k768_d128", [](Backend& be) { check_fused_gemm(be, true, 64, 768, 128, false); }},
-          {"rmsnorm_gated_n96_k1024_d128_relaid", [](Backend& be) { check_fused_gemm(be, true, 96, 1024, 128, true); }},
-          {"rmsnorm_gated_n40_k192_d64", [](Backend& be) { check_fused_gemm(be, true, 40, 192, 64, false); }},
-          {"swiglu_int4_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, false, 128, 1024, 0, true, DType::U32); }},
-          {"rmsnorm_gated_int4_n96_k1024_d128", [](Backend& be) { check_fused_gemm(be, true, 96, 1024, 128, false, DType::U32); }}};
+  return {{"swiglu_n300_k1024", [](Backend& be) { check_fused_gemm(be, 0, 300, 1024, 0, false); }},
+          {"swiglu_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, 0, 128, 1024, 0, true); }},
+          {"swiglu_n37_k203", [](Backend& be) { check_fused_gemm(be, 0, 37, 203, 0, false); }},
+          {"rmsnorm_gated_n64_k768_d128", [](Backend& be) { check_fused_gemm(be, 1, 64, 768, 128, false); }},
+          {"rmsnorm_gated_n96_k1024_d128_relaid", [](Backend& be) { check_fused_gemm(be, 1, 96, 1024, 128, true); }},
+          {"rmsnorm_gated_n40_k192_d64", [](Backend& be) { check_fused_gemm(be, 1, 40, 192, 64, false); }},
+          {"swiglu_int4_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, 0, 128, 1024, 0, true, DType::U32); }},
+          {"rmsnorm_gated_int4_n96_k1024_d128", [](Backend& be) { check_fused_gemm(be, 1, 96, 1024, 128, false, DType::U32); }},
+          {"sigmoid_mul_n300_k1024", [](Backend& be) { check_fused_gemm(be, 2, 300, 1024, 0, false); }},
+          {"sigmoid_mul_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, 2, 128, 1024, 0, true); }},
+          {"sigmoid_mul_n37_k203", [](Backend& be) { check_fused_gemm(be, 2, 37, 203, 0, false); }},
+          {"sigmoid_mul_int4_n128_k1024_relaid", [](Backend& be) { check_fused_gemm(be, 2, 128, 1024, 0, true, DType::U32); }},
+          {"sigmoid_mul_f32_n37_k203", [](Backend& be) { check_fused_gemm(be, 2, 37, 203, 0, false, DType::F32); }}};
 }
 QF_OP_SUITE(FusedGemm, fused_gemm_cases);
+
+// add_rmsnorm_gemm_group (the layer norms in front of a projection group): h and every output
+// bit for bit add_rmsnorm (or rmsnorm, r = null) followed by gemm_group, on the same backend;
+// members in the backend's own layout, int4 and f32 members (the fallback), rows the bf16 norm
+// kernels do not take (> 8192), norm weights or none.
+void check_add_rmsnorm_gemm_group(Backend& be, const std::vector<std::pair<DType, int64_t>>& members, int64_t K,
+                                  bool add, bool relaid, bool with_w) {
+  const int M = 70, n = static_cast<int>(members.size());
+  const size_t nx = static_cast<size_t>(M) * K;
+  std::vector<DevWeight> dws;
+  std::vector<WeightRef> refs;
+  std::vector<const void*> copies;
+  for (int i = 0; i < n; i++) {
+    dws.push_back(upload_weight(be, random_weight(members[i].first, members[i].second, K, 510 + 3 * i + K)));
+    WeightRef w = dws.back().ref;
+    if (relaid) {
+      WeightRef t = w;
+      if (const void* c = be.relayout_matrix(w, &t.layout)) {
+        t.data = c;
+        if (t.layout == WeightRef::kTcQ4) t.scales = t.biases = nullptr;
+        copies.push_back(c);
+        w = t;
+      }
+    }
+    refs.push_back(w);
+  }
+  const auto h0 = randn(nx, 81 + K), r = randn(nx, 82 + K), nw = randn(static_cast<size_t>(K), 83 + K);
+  const DeviceBuffer dh1 = to_device(be, h0), dh2 = to_device(be, h0), dr = to_device(be, r), dnw = to_device(be, nw);
+  Out y1(be, nx), y2(be, nx);
+  std::vector<std::unique_ptr<Out>> fused, ref;
+  std::vector<const WeightRef*> ws;
+  std::vector<float*> ys1, ys2;
+  for (int i = 0; i < n; i++) {
+    fused.push_back(std::make_unique<Out>(be, static_cast<size_t>(M) * members[i].second));
+    ref.push_back(std::make_unique<Out>(be, static_cast<size_t>(M) * members[i].second));
+    ws.push_back(&refs[i]);
+    ys1.push_back(fused.back()->f());
+    ys2.push_back(ref.back()->f());
+  }
+  const float* wp = with_w ? dnw.f() : nullptr;
+  be.add_rmsnorm_gemm_group(dh1.f(), add ? dr.f() : nullptr, wp, y1.f(), M, static_cast<int>(K), 1e-6f, ws.data(),
+                            ys1.data(), n);
+  if (add)
+    be.add_rmsnorm(dh2.f(), dr.f(), wp, y2.f(), M, static_cast<int>(K), 1e-6f);
+  else
+    be.rmsnorm(dh2.f(), wp, y2.f(), M, static_cast<int>(K), 1e-6f);
+  be.gemm_group(ws.data(), ys2.data(), n, y2.f(), M);
+  const std::vector<float> hf = from_device<float>(be, dh1.get(), nx), hr = from_device<float>(be, dh2.get(), nx);
+  EXPECT_TRUE(same_bits(hf, hr, "h after add_rmsnorm_gemm_group vs add_rmsnorm"));
+  if (add) {  // h really took r: h = fl(h0 + r) element by element
+    size_t bad = 0;
+    for (size_t i = 0; i < nx; i++) bad += hf[i] != h0[i] + r[i];
+    EXPECT_EQ(bad, 0u) << "elements of h that are not fl(h0 + r)";
+  }
+  for (int i = 0; i < n; i++)
+    EXPECT_TRUE(same_bits(fused[i]->floats("fused"), ref[i]->floats("norm then gemm_group"),
+                          cat("add_rmsnorm_gemm_group member ", i, " vs the norm then gemm_group")));
+  for (const void* c : copies) be.release_weight(c);
+}
+
+std::vector<OpCase> add_rmsnorm_gemm_group_cases() {
+  using V = std::vector<std::pair<DType, int64_t>>;
+  std::vector<OpCase> cs;
+  for (bool add : {true, false}) {
+    const std::string a = add ? "add_" : "norm_";
+    cs.push_back({a + "bf16_x3_k512", [=](Backend& be) { check_add_rmsnorm_gemm_group(be, V{{DType::BF16, 64}, {DType::BF16, 300}, {DType::BF16, 48}}, 512, add, false, true); }});
+    cs.push_back({a + "bf16_x4_k1024_relaid", [=](Backend& be) { check_add_rmsnorm_gemm_group(be, V{{DType::BF16, 128}, {DType::BF16, 96}, {DType::BF16, 16}, {DType::BF16, 16}}, 1024, add, true, true); }});
+    cs.push_back({a + "bf16_x2_k5120_relaid", [=](Backend& be) { check_add_rmsnorm_gemm_group(be, V{{DType::BF16, 64}, {DType::BF16, 64}}, 5120, add, true, true); }});
+    cs.push_back({a + "bf16_x1_k200_ones", [=](Backend& be) { check_add_rmsnorm_gemm_group(be, V{{DType::BF16, 37}}, 200, add, false, false); }});
+    cs.push_back({a + "int4_bf16_k1024_relaid", [=](Backend& be) { check_add_rmsnorm_gemm_group(be, V{{DType::U32, 96}, {DType::BF16, 64}}, 1024, add, true, true); }});
+    cs.push_back({a + "bf16_f32_k512", [=](Backend& be) { check_add_rmsnorm_gemm_group(be, V{{DType::BF16, 64}, {DType::F32, 37}}, 512, add, false, true); }});
+    cs.push_back({a + "bf16_x2_k8320", [=](Backend& be) { check_add_rmsnorm_gemm_group(be, V{{DType::BF16, 32}, {DType::BF16, 16}}, 8320, add, false, true); }});
+  }
+  return cs;
+}
+QF_OP_SUITE(AddRmsnormGemmGroup, add_rmsnorm_gemm_group_cases);
 
 // Model-size shapes (accelerators only): the lm_head (248320 x 5120) and the MLP projections,
 // weights made with fill_random so the host can recompute any row: 300 sampled rows (and the

@@ -51,6 +51,8 @@
 #             (one 27B layer, 8,192 rows) -> attn_source.csv.gz
 #   prefkeep  (not default) 8k/32k prompts with QFLASH_PREFILL_WEIGHTS=keep vs untile (H200: ~108 GB)
 #   warmab    (not default) bench generation with / without Generator::warm_up (issue 15), 64 and 8k context
+#   prefuse   (not default) the fused norm / gate + projection inputs (QFLASH_PREFILL_FUSE=0/1): op
+#             table, prefill tests and HF parity on cuda, 27B 8k and 32k prompts A/B, same call
 #   parity    (not default) HF parity of the prefill on 2,100-token prompts, on cuda
 #   prefix    (not default) prefix-cache identity on cuda; turn-2 time to first token at 16k
 #   adaptive  (not default) --draft-k auto (issue 15): the controller's tests on cuda, then the 27B
@@ -307,6 +309,24 @@ if want prefkeep; then
       QFLASH_PREFILL_WEIGHTS=$kv step "keep_${kv}_$L" 150 plain "$BIN/qflash" bench --device cuda \
         --synthetic tests/fixtures/configs/qwen38_27b/config.json --prompt-len $L --max-context $((L + 256)) \
         --prefill-chunk ${KEEP_CHUNK:-8192} --ops-only --no-mtp --reps 2 --json "$LOG/keep_${kv}_$L.json"
+    done
+  done
+fi
+# The prefill fusions of the projection inputs' producers (QFLASH_PREFILL_FUSE, issue 12): the
+# fused ops against the ops in sequence (op table), prefill split invariance, prefill vs decode
+# logits, long-prompt identity and HF parity on cuda; then the 27B 8k and 32k prompts (8,192-row
+# chunks) under QFLASH_PREFILL_FUSE=0 and 1, alternating, twice each.
+if want prefuse; then
+  step prefuse_tests 200 gtest "$BIN/qflash_tests" \
+    --gtest_filter='Op/AddRmsnormGemmGroup*_cuda:Op/FusedGemm*_cuda:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda:Fixtures/LongPromptParity.*_cuda:CudaPrefixCache.*' \
+    --gtest_color=no
+  for rep in 1 2; do
+    for fv in 0 1; do
+      for L in 8192 32768; do
+        QFLASH_PREFILL_FUSE=$fv step "prefuse${fv}_${L}_$rep" 120 plain "$BIN/qflash" bench --device cuda \
+          --synthetic tests/fixtures/configs/qwen38_27b/config.json --prompt-len $L --max-context $((L + 256)) \
+          --prefill-chunk 8192 --ops-only --no-mtp --reps 2 --json "$LOG/prefuse${fv}_${L}_$rep.json"
+      done
     done
   done
 fi

@@ -96,6 +96,33 @@ void CudaBackend::rmsnorm_gated_gemm(const WeightRef& W, float* x, const float* 
   gemm_.run_bf16(W, xb, y, M, st_);
 }
 
+// The norms in front of a projection group: the norm kernel stores the group's bf16 input (h
+// updated in fp32 as add_rmsnorm does), then each weight's GEMM reads it; the two ops otherwise.
+void CudaBackend::add_rmsnorm_gemm_group(float* h, const float* r, const float* w, float* y, int M, int width,
+                                         float eps, const WeightRef* const* Ws, float* const* ys, int n) {
+  bool lt = n > 0 && M > 0 && width > 0;
+  for (int i = 0; lt && i < n; i++) lt = cuda::GemmRunner::takes(*Ws[i]) && Ws[i]->cols == width;
+  if (lt) {
+    uint16_t* xb = gemm_.input_bf16(static_cast<size_t>(M) * width, st_);
+    if (r ? cuda::add_rmsnorm_bf16(h, r, w, xb, M, width, eps, st_) : cuda::rmsnorm_bf16(h, w, xb, M, width, eps, st_)) {
+      for (int i = 0; i < n; i++) gemm_.run_bf16(*Ws[i], xb, ys[i], M, st_);
+      return;
+    }
+  }
+  Backend::add_rmsnorm_gemm_group(h, r, w, y, M, width, eps, Ws, ys, n);
+}
+
+void CudaBackend::sigmoid_mul_gemm(const WeightRef& W, float* x, const float* gate, float* y, int M) {
+  if (!cuda::GemmRunner::takes(W) || M <= 0) {
+    Backend::sigmoid_mul_gemm(W, x, gate, y, M);
+    return;
+  }
+  const size_t n = static_cast<size_t>(M) * W.cols;
+  uint16_t* xb = gemm_.input_bf16(n, st_);
+  cuda::sigmoid_mul_bf16(x, gate, xb, n, st_);
+  gemm_.run_bf16(W, xb, y, M, st_);
+}
+
 void CudaBackend::embed(const WeightRef& E, const int32_t* ids, float* out, int M) {
   cuda::embed(E, ids, out, M, err_dev_, st_);
 }

@@ -75,6 +75,9 @@ class CudaBackend final : public Backend {
   void gemm(const WeightRef& W, const float* x, float* y, int M) override;
   void gemm_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) override;
   void swiglu_gemm(const WeightRef& W, float* gate, const float* up, float* y, int M) override;
+  void add_rmsnorm_gemm_group(float* h, const float* r, const float* w, float* y, int M, int width, float eps,
+                              const WeightRef* const* Ws, float* const* ys, int n) override;
+  void sigmoid_mul_gemm(const WeightRef& W, float* x, const float* gate, float* y, int M) override;
   void rmsnorm_gated_gemm(const WeightRef& W, float* x, const float* gate, const float* w, float* y, int M, int n,
                           float eps) override;
   void embed(const WeightRef& E, const int32_t* ids, float* out, int M) override;

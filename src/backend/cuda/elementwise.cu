@@ -146,9 +146,11 @@ __global__ void __launch_bounds__(kBlock) rmsnorm_reg_kernel(const float* x, con
   }
 }
 
-template <bool WARP_ROWS>
+// OUT as in rmsnorm_reg_kernel: uint16_t is the prefill's fused norm + projection-group input
+// (Backend::add_rmsnorm_gemm_group), h still updated in fp32.
+template <bool WARP_ROWS, class OUT = float>
 __global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const float* __restrict__ res,
-                                                                 const float* __restrict__ w, float* y, int rows,
+                                                                 const float* __restrict__ w, OUT* y, int rows,
                                                                  int n, float eps) {
   pdl_trigger();
   __shared__ float sh[kBlock / 32];
@@ -159,7 +161,7 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const
   }
   float* hr = h + static_cast<size_t>(r) * n;
   const float* rr = res + static_cast<size_t>(r) * n;
-  float* yr = y + static_cast<size_t>(r) * n;
+  OUT* yr = y + static_cast<size_t>(r) * n;
   const int t0 = norm_t0<WARP_ROWS>(), step = kNormStep<WARP_ROWS>;
   float wv[kNormPer];  // as in rmsnorm_reg_kernel: weights and page touches before the wait
   load_norm_weights<WARP_ROWS>(w, n, wv);
@@ -184,7 +186,7 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_reg_kernel(float* h, const
     const int i = t0 + k * step;
     if (i >= n) break;
     hr[i] = v[k];
-    yr[i] = __fmul_rn(__fmul_rn(v[k], inv), wv[k]);
+    store_out(yr, i, __fmul_rn(__fmul_rn(v[k], inv), wv[k]));
   }
 }
 
@@ -287,6 +289,17 @@ __global__ void swiglu_bf16_kernel(const float* __restrict__ g, const float* __r
     tail = n4 * 4;
   }
   for (size_t j = tail + i0; j < n; j += stride) out[j] = f32_to_bf16_bits(swiglu_f(g[j], u[j]));
+}
+
+// x * sigmoid(g) with bf16 output (f32_to_bf16_bits of sigmoid_mul's fp32 value): the prefill's
+// fused o-projection input (Backend::sigmoid_mul_gemm).
+__global__ void sigmoid_mul_bf16_kernel(const float* __restrict__ x, const float* __restrict__ g,
+                                        uint16_t* __restrict__ out, size_t n) {
+  pdl_trigger();
+  pdl_wait();
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    out[i] = f32_to_bf16_bits(__fmul_rn(x[i], sigmoid_f(g[i])));
 }
 
 template <EwOp OP>
@@ -482,6 +495,41 @@ bool rmsnorm_gated_bf16(const float* x, const float* gate, const float* w, uint1
     return false;
   QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
   return true;
+}
+bool rmsnorm_bf16(const float* x, const float* w, uint16_t* y, int rows, int n, float eps, cudaStream_t st) {
+  if (rows <= 0 || n <= 0) return true;
+  const dim3 grid_w((rows + 7) / 8);  // rmsnorm_launch<false>'s choice of kernel, row for row
+  if (n <= 128)
+    launch_k(rmsnorm_reg_kernel<true, false, uint16_t, 4>, grid_w, dim3(kBlock), 0, st, x, nullptr, w, y, rows, n, eps);
+  else if (n <= 256)
+    launch_k(rmsnorm_reg_kernel<true, false, uint16_t, 8>, grid_w, dim3(kBlock), 0, st, x, nullptr, w, y, rows, n, eps);
+  else if (n <= 1024)
+    launch_k(rmsnorm_reg_kernel<true, false, uint16_t>, grid_w, dim3(kBlock), 0, st, x, nullptr, w, y, rows, n, eps);
+  else if (n <= kNormPer * kBlock)
+    launch_k(rmsnorm_reg_kernel<false, false, uint16_t>, dim3(rows), dim3(kBlock), 0, st, x, nullptr, w, y, rows, n,
+             eps);
+  else
+    return false;
+  QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+  return true;
+}
+bool add_rmsnorm_bf16(float* h, const float* r, const float* w, uint16_t* y, int rows, int n, float eps,
+                      cudaStream_t st) {
+  if (rows <= 0 || n <= 0) return true;
+  if (n <= 1024)  // add_rmsnorm's choice of kernel
+    launch_k(add_rmsnorm_reg_kernel<true, uint16_t>, dim3((rows + 7) / 8), dim3(kBlock), 0, st, h, r, w, y, rows, n,
+             eps);
+  else if (n <= kNormPer * kBlock)
+    launch_k(add_rmsnorm_reg_kernel<false, uint16_t>, dim3(rows), dim3(kBlock), 0, st, h, r, w, y, rows, n, eps);
+  else
+    return false;
+  QF_CUDA_LAUNCH_CHECK("add_rmsnorm_kernel");
+  return true;
+}
+void sigmoid_mul_bf16(const float* x, const float* g, uint16_t* out, size_t n, cudaStream_t st) {
+  if (n == 0) return;
+  launch_k(sigmoid_mul_bf16_kernel, dim3(grid_for(n, kBlock)), dim3(kBlock), 0, st, x, g, out, n);
+  QF_CUDA_LAUNCH_CHECK("sigmoid_mul_bf16_kernel");
 }
 void sigmoid_mul(float* y, const float* g, size_t n, cudaStream_t st) {
   ew_launch<EwOp::SigmoidMul>(y, g, nullptr, 0, n, st);

@@ -69,6 +69,13 @@ void swiglu_bf16(const float* g, const float* u, uint16_t* out, size_t n, cudaSt
 bool rmsnorm_gated_bf16(const float* x, const float* gate, const float* w, uint16_t* y, int rows, int n, float eps,
                         cudaStream_t st);
 void sigmoid_mul(float* y, const float* g, size_t n, cudaStream_t st);
+// The prefill's fused norm / gate + projection inputs, bf16 as above: rmsnorm_bf16 and
+// add_rmsnorm_bf16 (h += r in fp32 as add_rmsnorm) return false for rows over 8192
+// (no work enqueued then); sigmoid_mul_bf16: out = bf16(x * sigmoid(g)).
+bool rmsnorm_bf16(const float* x, const float* w, uint16_t* y, int rows, int n, float eps, cudaStream_t st);
+bool add_rmsnorm_bf16(float* h, const float* r, const float* w, uint16_t* y, int rows, int n, float eps,
+                      cudaStream_t st);
+void sigmoid_mul_bf16(const float* x, const float* g, uint16_t* out, size_t n, cudaStream_t st);
 void softcap(float* y, float cap, size_t n, cudaStream_t st);
 void split_qgate(const float* qg, float* q, float* gate, int M, int n_heads, int head_dim, cudaStream_t st);
 constexpr int kMaxRopeHalf = 256;  // rot_dim <= 512
