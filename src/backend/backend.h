@@ -33,9 +33,6 @@ struct WeightRef {
   // (`scales`/`biases` are null).
   static constexpr uint8_t kRowMajor = 0, kTc32x64 = 1, kTcQ4 = 2;
   uint8_t layout = kRowMajor;
-  // kTc32x64 only, where the backend keeps it (Backend::keep_row_copy): the row-major original
-  // [rows, cols] beside the tiled copy, read by the prefill GEMM instead of untiling per call.
-  const void* row_copy = nullptr;
   bool valid() const { return data != nullptr; }
 };
 
@@ -137,10 +134,13 @@ class Backend {
   // to keep the matrix as it is (the default; also when the copy does not fit). The caller then
   // releases the original (for int4: data, scales and biases, which the copy holds).
   virtual const void* relayout_matrix(const WeightRef& /*w*/, uint8_t* /*layout*/) { return nullptr; }
-  // Whether the caller keeps a bf16 matrix's row-major original beside its relaid copy (as
-  // WeightRef::row_copy) instead of releasing it: memory for prefill speed (CUDA:
-  // QFLASH_PREFILL_WEIGHTS=keep; the default, false, releases it).
-  virtual bool keep_row_copy() const { return false; }
+  // Device bytes the prefill GEMM may keep in row-major copies of relaid matrices (made at a
+  // matrix's first prefill GEMM, reused by every later one, released with the matrix) instead of
+  // restoring the row-major order into scratch at every call: the same bits either way. The
+  // engine sets it after its loads from what stays free (fit.h, prefill_copy_budget); 0, the
+  // default, keeps none. prefill_copy_bytes: what the copies hold now.
+  virtual void set_prefill_copy_budget(size_t /*bytes*/) {}
+  virtual size_t prefill_copy_bytes() const { return 0; }
   // int4 of a row-major bf16 matrix [rows, cols] in backend memory (synthetic int4 weights):
   // q u32 [rows, cols/8], scales/biases bf16 [rows, cols/group], bit for bit what
   // int4_quantize_row (io/quantize.h) computes. The default goes through the host.

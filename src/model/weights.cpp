@@ -67,11 +67,9 @@ void WeightSet::relayout(WeightRef& w, const std::string& name) {
     fail(e.kind(), "tensor '%s': %s", name.c_str(), e.what());
   }
   if (!p) return;
-  const bool keep = layout == WeightRef::kTc32x64 && w.dtype == DType::BF16 && be_->keep_row_copy();
   for (const void* old : {w.data, w.scales, w.biases})
-    if (old && !(keep && old == w.data)) release_one(old);
+    if (old) release_one(old);
   imported_.push_back(p);
-  if (keep) w.row_copy = w.data;
   w.data = p;
   w.layout = layout;
   if (w.dtype == DType::U32) w.scales = w.biases = nullptr;

@@ -101,6 +101,15 @@ std::unique_ptr<Engine> Engine::create(const EngineOptions& opt) {
     e->cache_ = std::make_unique<PrefixCache>(*e->be_, static_cast<size_t>(opt.prefix_cache_mb) << 20);
     e->gen_->set_prefix_cache(e->cache_.get());
   }
+  // What stays free after the loads, less the prefill buffers (grown at the first long prompt) and
+  // the prefix cache's budget: room for the prefill GEMM's row-major weight copies (fit.h).
+  if (e->be_->is_gpu()) {
+    size_t total = 0;
+    const size_t free_now = e->be_->memory_free(&total);
+    const size_t pending = prefill_work_bytes(e->target_->config(), prefill_rows) +
+                           (static_cast<size_t>(opt.prefix_cache_mb) << 20);
+    e->be_->set_prefill_copy_budget(prefill_copy_budget(free_now, total, pending));
+  }
   log_info("backend %s, draft %s, prefill chunk %d rows%s", e->be_->name().c_str(),
            e->source_ ? e->source_->name().c_str() : "none", prefill_rows,
            opt.prefill_rows == kPrefillRowsAuto ? " (auto)" : "");

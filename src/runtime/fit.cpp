@@ -102,6 +102,12 @@ int auto_prefill_rows(bool gpu, bool int4, size_t free_bytes, size_t total_bytes
   return *(last - 1);
 }
 
+size_t prefill_copy_budget(size_t free_bytes, size_t total_bytes, size_t pending_bytes) {
+  const size_t margin = std::max(total_bytes / 20, size_t(2) << 30);
+  const size_t need = pending_bytes + margin;
+  return free_bytes > need ? free_bytes - need : 0;
+}
+
 void check_fits(const MemoryEstimate& est, size_t free_bytes, size_t total_bytes, const std::string& device,
                 const std::string& model_dir) {
   if (free_bytes == 0) return;

@@ -53,6 +53,14 @@ inline constexpr int kAutoPrefillRowsCpu = 4096;
 int auto_prefill_rows(bool gpu, bool int4, size_t free_bytes, size_t total_bytes, size_t other_bytes,
                       const TargetConfig& c);
 
+// Backend::set_prefill_copy_budget: the bytes the prefill GEMM may keep in row-major weight copies,
+// given what is free now and what the engine will still allocate (pending_bytes: prefill buffers
+// not yet grown, the prefix cache's budget, ...): free - pending - the larger of 5% of the device
+// and 2 GiB (as auto_prefill_rows), 0 when that is not positive. On a 141 GB H200 a bf16 27B target
+// with 8,192-row prefill buffers gets room for all of its ~51 GB of projection copies; on an 80 GB
+// card a part of them (copies are made in the order the prefill first uses the matrices).
+size_t prefill_copy_budget(size_t free_bytes, size_t total_bytes, size_t pending_bytes);
+
 // Throws qf::Error(Backend) naming the device, the bytes needed (with the parts) and the bytes
 // free when est.total() + a 3% / 256 MiB margin exceeds free_bytes. free_bytes 0 = unknown: no check.
 void check_fits(const MemoryEstimate& est, size_t free_bytes, size_t total_bytes, const std::string& device,

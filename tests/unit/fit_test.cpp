@@ -94,6 +94,22 @@ TEST(Fit, AutoPrefillRowsTakesTheLargestChunkThatFits) {
   EXPECT_EQ(auto_prefill_rows(true, true, 1, total, other, c), 1024);
 }
 
+// The prefill GEMM's weight-copy budget: what is free less what is still to come and the same
+// 5% / 2 GiB margin as auto_prefill_rows; never negative.
+TEST(Fit, PrefillCopyBudgetLeavesThePendingBytesAndTheMargin) {
+  const size_t G = size_t(1) << 30, total = size_t(141) * 1000 * 1000 * 1000;
+  const size_t margin = std::max(total / 20, 2 * G);
+  EXPECT_EQ(prefill_copy_budget(100 * G, total, 10 * G), 100 * G - 10 * G - margin);
+  EXPECT_EQ(prefill_copy_budget(10 * G + margin, total, 10 * G), 0u);
+  EXPECT_EQ(prefill_copy_budget(10 * G + margin + 1, total, 10 * G), 1u);
+  EXPECT_EQ(prefill_copy_budget(5 * G, total, 10 * G), 0u);
+  EXPECT_EQ(prefill_copy_budget(0, 0, 0), 0u);  // a device that reports nothing: no copies
+  // A small device: the 2 GiB floor of the margin.
+  EXPECT_EQ(prefill_copy_budget(8 * G, 16 * G, 1 * G), 5 * G);
+  // More pending, less budget, one byte for one byte.
+  EXPECT_EQ(prefill_copy_budget(100 * G, total, 10 * G) - prefill_copy_budget(100 * G, total, 10 * G + 7), 7u);
+}
+
 TEST(Fit, VisionTowerTensorsAreNotCounted) {
   EXPECT_TRUE(tensor_not_loaded("model.visual.blocks.0.attn.qkv.weight"));
   EXPECT_FALSE(tensor_not_loaded("model.language_model.layers.0.mlp.up_proj.weight"));

@@ -444,25 +444,44 @@ TEST(CudaGemm, RowInvariantOnPrefillShapes) {
   }
 }
 
-// QFLASH_PREFILL_WEIGHTS=keep: a tiled weight that carries its row-major original (row_copy) gives
-// the GEMM the same bits as untiling it per call, for every M: the copy is the same matrix, read by
-// the same pinned configuration.
-TEST(CudaGemm, RowCopyEqualsUntiledBitForBit) {
+// The prefill GEMM's kept row-major copies (gemm.h, QFLASH_PREFILL_WEIGHTS=auto, the default): a
+// tiled weight's first GEMM makes its copy only when the copies then fit in the budget, every
+// GEMM with or without a copy gives the untiled bits for every M (the copy is the same matrix,
+// read by the same pinned configuration), and releasing the weight releases its copy.
+TEST(CudaGemm, KeptWeightCopiesGiveTheUntiledBitsWithinTheBudget) {
   NEED_GPU();
+  const char* mode = std::getenv("QFLASH_PREFILL_WEIGHTS");
+  if (mode && *mode && std::strcmp(mode, "auto") != 0) GTEST_SKIP() << "QFLASH_PREFILL_WEIGHTS=" << mode << " overrides the budget";
+  const size_t base = G->prefill_copy_bytes();
   for (auto [N, K] : {std::pair<int64_t, int64_t>{96, 320}, {5120, 6144}, {48, 5120}}) {
-    auto w = rand_bf16(N * K, 51 + N, 0.05f);
-    GpuWeight gw(G, w, N, K);
-    ASSERT_NE(gw.tiled, nullptr) << N << " x " << K << ": not relaid for the GEMV";
-    WeightRef kept = gw.ref_tiled;
-    kept.row_copy = gw.row.get();
-    for (int M : {1, 64, 300}) {
-      auto x = randn(static_cast<size_t>(M) * K, 61 + M);
-      auto dx = up(G, x);
-      const auto a = gpu_gemm(G, gw.ref_tiled, dx, M), b = gpu_gemm(G, kept, dx, M);
-      for (float v : a) ASSERT_TRUE(std::isfinite(v)) << N << " x " << K << " M=" << M;
-      EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << N << " x " << K << " M=" << M;
-    }
+    const size_t bytes = static_cast<size_t>(N) * K * 2;
+    {
+      auto w = rand_bf16(N * K, 51 + N, 0.05f);
+      GpuWeight gw(G, w, N, K);
+      ASSERT_NE(gw.tiled, nullptr) << N << " x " << K << ": not relaid for the GEMV";
+      for (int M : {1, 64, 300}) {
+        auto x = randn(static_cast<size_t>(M) * K, 61 + M);
+        auto dx = up(G, x);
+        G->set_prefill_copy_budget(base + bytes - 1);  // one byte short: untiled into scratch
+        const auto a = gpu_gemm(G, gw.ref_tiled, dx, M);
+        EXPECT_EQ(G->prefill_copy_bytes(), base) << N << " x " << K << ": a copy over the budget was kept";
+        G->set_prefill_copy_budget(base + bytes);  // fits: the copy is made (first M) or reused
+        const auto b = gpu_gemm(G, gw.ref_tiled, dx, M);
+        EXPECT_EQ(G->prefill_copy_bytes(), base + bytes) << N << " x " << K << " M=" << M;
+        G->set_prefill_copy_budget(0);  // a budget cut later keeps what exists
+        const auto c = gpu_gemm(G, gw.ref_tiled, dx, M);
+        EXPECT_EQ(G->prefill_copy_bytes(), base + bytes) << N << " x " << K << " M=" << M;
+        const auto r = gpu_gemm(G, gw.ref_row, dx, M);
+        for (float v : a) ASSERT_TRUE(std::isfinite(v)) << N << " x " << K << " M=" << M;
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float))) << N << " x " << K << " M=" << M;
+        EXPECT_EQ(0, std::memcmp(a.data(), c.data(), a.size() * sizeof(float))) << N << " x " << K << " M=" << M;
+        EXPECT_EQ(0, std::memcmp(a.data(), r.data(), a.size() * sizeof(float))) << N << " x " << K << " M=" << M
+                                                                                << " vs the row-major weight";
+      }
+    }  // gw released: its copy too
+    EXPECT_EQ(G->prefill_copy_bytes(), base) << N << " x " << K << ": the copy outlived its weight";
   }
+  G->set_prefill_copy_budget(0);
 }
 
 #endif  // QFLASH_HAVE_CUDA

@@ -49,7 +49,7 @@
 #             lists the switch values the tests run under, ATTN_AB (default "v1 v3") those timed
 #   ncuattnsrc (not default) Nsight Compute source counters + stalls of the attention prefill kernel
 #             (one 27B layer, 8,192 rows) -> attn_source.csv.gz
-#   prefkeep  (not default) 8k/32k prompts with QFLASH_PREFILL_WEIGHTS=keep vs untile (H200: ~108 GB)
+#   prefkeep  (not default) 8k/32k prompts under QFLASH_PREFILL_WEIGHTS=untile / auto (kept weight copies)
 #   warmab    (not default) bench generation with / without Generator::warm_up (issue 15), 64 and 8k context
 #   prefuse   (not default) the fused norm / gate + projection inputs (QFLASH_PREFILL_FUSE=0/1): op
 #             table, prefill tests and HF parity on cuda, 27B 8k and 32k prompts A/B, same call
@@ -299,12 +299,13 @@ if want attnab; then
       --prompt-len 32768 --max-context 33024 --ops-only --no-mtp --reps 2 --json "$LOG/attnab_32k_$av.json"
   done
 fi
-# Prefill with the row-major weight copies kept (QFLASH_PREFILL_WEIGHTS=keep: no untile per GEMM;
-# ~108 GB of bf16 weights at 27B, an H200's memory) against the default, 8k and 32k prompts in
-# KEEP_CHUNK-row chunks (default 8192), same call; then the GEMM tests (CudaGemm.*, incl. the copy's bits).
+# The prefill GEMM's kept row-major weight copies (QFLASH_PREFILL_WEIGHTS: untile | auto, the
+# default, within the budget of fit.h | keep, no limit) against each other, 8k and 32k prompts in
+# KEEP_CHUNK-row chunks (default 8192), same call; then the GEMM tests (CudaGemm.*, incl. the
+# copies' bits and budget). KEEP_MODES (default "untile auto") lists the modes timed.
 if want prefkeep; then
   step keep_tests 90 gtest "$BIN/qflash_tests" --gtest_filter='CudaGemm.*' --gtest_color=no
-  for kv in untile keep; do
+  for kv in ${KEEP_MODES:-untile auto}; do
     for L in 8192 32768; do
       QFLASH_PREFILL_WEIGHTS=$kv step "keep_${kv}_$L" 150 plain "$BIN/qflash" bench --device cuda \
         --synthetic tests/fixtures/configs/qwen38_27b/config.json --prompt-len $L --max-context $((L + 256)) \
@@ -424,7 +425,8 @@ for f in "$LOG"/bench27.log "$LOG"/bench27s.log "$LOG"/bench27q4.log "$LOG"/benc
          "$LOG"/prefill32k.log "$LOG"/prefill128k.log "$LOG"/attnab_kernel_v1.log "$LOG"/attnab_kernel_v3.log \
          "$LOG"/attnab_8k_v1.log "$LOG"/attnab_8k_v3.log "$LOG"/attnab_32k_v1.log "$LOG"/attnab_32k_v3.log \
          "$LOG"/attnab_kernel_v4.log "$LOG"/attnab_8k_v4.log "$LOG"/attnab_32k_v4.log \
-         "$LOG"/keep_untile_8192.log "$LOG"/keep_untile_32768.log "$LOG"/keep_keep_8192.log "$LOG"/keep_keep_32768.log; do
+         "$LOG"/keep_untile_8192.log "$LOG"/keep_untile_32768.log "$LOG"/keep_auto_8192.log "$LOG"/keep_auto_32768.log \
+         "$LOG"/keep_keep_8192.log "$LOG"/keep_keep_32768.log; do
   [[ -f "$f" ]] && { echo "---- $(basename "$f")"; tail -25 "$f"; }
 done
 for f in "$LOG"/prof27.log "$LOG"/prof27q4.log; do

@@ -49,7 +49,8 @@ class CudaBackend final : public Backend {
   const void* import_weight(const void* host, size_t bytes) override;
   void release_weight(const void* p) override;
   const void* relayout_matrix(const WeightRef& w, uint8_t* layout) override;
-  bool keep_row_copy() const override;
+  void set_prefill_copy_budget(size_t bytes) override;
+  size_t prefill_copy_bytes() const override;
   void quantize_int4(const void* bf16, int64_t rows, int64_t cols, int group, void* q, void* scales,
                      void* biases) override;
   size_t memory_peak() const override;

@@ -75,7 +75,10 @@ const void* CudaBackend::import_weight(const void* host, size_t bytes) {
   return d;
 }
 
-void CudaBackend::release_weight(const void* p) { free_noexcept(const_cast<void*>(p)); }
+void CudaBackend::release_weight(const void* p) {
+  gemm_.forget(p);  // the prefill GEMM's row-major copy of it, if one was kept
+  free_noexcept(const_cast<void*>(p));
+}
 
 // bf16 matrices the tensor-core GEMV reads get its tiled layout (kernels.h, gemv_tc_relayout):
 // one contiguous stream per warp. QFLASH_TC_LAYOUT=row keeps them row-major (A/B runs); so does
@@ -109,19 +112,8 @@ const void* CudaBackend::relayout_matrix(const WeightRef& w, uint8_t* layout) {
   return d;
 }
 
-// QFLASH_PREFILL_WEIGHTS=keep: every bf16 matrix relaid for the GEMV keeps its row-major original
-// too (twice the bf16 weight memory: ~108 GB at 27B, an H200's), so the prefill GEMM reads it
-// directly instead of untiling it into scratch on every call (docs/DESIGN.md, "The GEMV's tiled
-// layout vs cuBLASLt"). Anything else (the default "untile") releases it.
-bool CudaBackend::keep_row_copy() const {
-  static const bool keep = [] {
-    const char* e = std::getenv("QFLASH_PREFILL_WEIGHTS");
-    if (e && *e && std::strcmp(e, "keep") != 0 && std::strcmp(e, "untile") != 0)
-      std::fprintf(stderr, "qflash: QFLASH_PREFILL_WEIGHTS=%s unknown (keep | untile); using untile\n", e);
-    return e && std::strcmp(e, "keep") == 0;
-  }();
-  return keep;
-}
+void CudaBackend::set_prefill_copy_budget(size_t bytes) { gemm_.set_copy_budget(bytes); }
+size_t CudaBackend::prefill_copy_bytes() const { return gemm_.copy_bytes(); }
 
 void CudaBackend::quantize_int4(const void* bf16, int64_t rows, int64_t cols, int group, void* q, void* scales,
                                 void* biases) {

@@ -94,6 +94,63 @@ GemmRunner::~GemmRunner() {
   if (lt_) cublasLtDestroy(static_cast<cublasLtHandle_t>(lt_));
   for (void* p : {xb_, wt_, yt_, xr_, ws_})
     if (p) cudaFree(p);
+  for (auto& [data, c] : copies_) cudaFree(c.first);
+}
+
+namespace {
+// QFLASH_PREFILL_WEIGHTS (read once): untile | auto (the default) | keep; see gemm.h.
+enum class CopyMode { Untile, Auto, Keep };
+CopyMode copy_mode() {
+  static const CopyMode m = [] {
+    const char* e = std::getenv("QFLASH_PREFILL_WEIGHTS");
+    if (!e || !*e || std::strcmp(e, "auto") == 0) return CopyMode::Auto;
+    if (std::strcmp(e, "keep") == 0) return CopyMode::Keep;
+    if (std::strcmp(e, "untile") == 0) return CopyMode::Untile;
+    std::fprintf(stderr, "qflash: warning: QFLASH_PREFILL_WEIGHTS=%s unknown (auto | keep | untile); using auto\n", e);
+    return CopyMode::Auto;
+  }();
+  return m;
+}
+}  // namespace
+
+// The row-major copy of a tiled bf16 matrix, made here at its first call when the mode and the
+// budget allow (nullptr: the caller untiles into scratch, as always). A failed allocation under
+// auto is not an error: that call and later ones untile.
+const void* GemmRunner::kept_copy(const WeightRef& W, cudaStream_t st) {
+  const CopyMode mode = copy_mode();
+  if (mode == CopyMode::Untile) return nullptr;
+  const auto it = copies_.find(W.data);
+  if (it != copies_.end()) return it->second.first;
+  const size_t bytes = static_cast<size_t>(W.rows) * W.cols * 2;
+  if (mode == CopyMode::Auto && copy_bytes_ + bytes > copy_budget_) return nullptr;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return nullptr;
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (mode == CopyMode::Keep)
+      backend_fail("cuda gemm: QFLASH_PREFILL_WEIGHTS=keep: no device memory for the row-major copy of a %lld x %lld "
+                   "matrix (%zu bytes; %zu bytes of copies kept so far): %s; use auto or untile",
+                   (long long)W.rows, (long long)W.cols, bytes, copy_bytes_, cudaGetErrorString(e));
+    return nullptr;
+  }
+  gemm_untile(W.data, p, W.rows, W.cols, st);
+  copies_.emplace(W.data, std::make_pair(p, bytes));
+  copy_bytes_ += bytes;
+  return p;
+}
+
+void GemmRunner::forget(const void* data) {
+  const auto it = copies_.find(data);
+  if (it == copies_.end()) return;
+  const cudaError_t e = cudaFree(it->second.first);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    std::fprintf(stderr, "qflash: warning: cudaFree of a prefill weight copy failed: %s\n", cudaGetErrorString(e));
+  }
+  copy_bytes_ -= it->second.second;
+  copies_.erase(it);
 }
 
 void* GemmRunner::grow(void*& p, size_t& have, size_t need, cudaStream_t st) {
@@ -241,10 +298,11 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
     gemm_simt(rm, xb, y, M, st);
     return;
   }
+  bool kept = false;
   if (W.dtype == DType::U32) {
     // w is the dequantized copy
-  } else if (W.layout == WeightRef::kTc32x64 && W.row_copy) {
-    w = W.row_copy;  // the row-major original kept at load (QFLASH_PREFILL_WEIGHTS=keep)
+  } else if (W.layout == WeightRef::kTc32x64 && (w = kept_copy(W, st)) != nullptr) {
+    kept = true;  // the row-major copy kept from an earlier call (or made by this one)
   } else if (W.layout == WeightRef::kTc32x64) {
     void* t = grow(wt_, wt_bytes_, static_cast<size_t>(N) * K * 2, st);
     gemm_untile(W.data, t, N, K, st);
@@ -280,7 +338,7 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
     prof_tag("%lld x %lld, M=%d%s", (long long)N, (long long)K, M,
              W.dtype == DType::U32                ? ", int4 dequantized"
              : W.layout != WeightRef::kTc32x64 ? ""
-             : W.row_copy                      ? ", row copy"
+             : kept                            ? ", kept copy"
                                                : ", untiled");
     prof_before(st);
   }

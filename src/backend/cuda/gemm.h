@@ -76,11 +76,22 @@ class GemmRunner {
   void run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st);
   // One line per weight shape seen so far: the route and, for cuBLASLt, the pinned configuration.
   std::string describe() const;
+  // Row-major copies of tiled bf16 matrices (kTc32x64), kept between calls: a matrix's first GEMM
+  // makes its copy (the untile, into memory of its own) when the copies then still fit in the
+  // budget, and every later GEMM reads it instead of untiling again; the same bytes, so the same
+  // bits. QFLASH_PREFILL_WEIGHTS: auto (the default: set_copy_budget's bytes), keep (no limit),
+  // untile (none). forget(): the tiled matrix at `data` was released; its copy goes too.
+  void set_copy_budget(size_t bytes) { copy_budget_ = bytes; }
+  size_t copy_bytes() const { return copy_bytes_; }
+  void forget(const void* data);
 
  private:
   struct Plan;
   Plan& plan_for(int64_t N, int64_t K);
   void* grow(void*& p, size_t& have, size_t need, cudaStream_t st);
+  const void* kept_copy(const WeightRef& W, cudaStream_t st);
+  std::map<const void*, std::pair<void*, size_t>> copies_;  // tiled data -> its row-major copy, bytes
+  size_t copy_bytes_ = 0, copy_budget_ = 0;
   void* lt_ = nullptr;  // cublasLtHandle_t, created at the first cuBLASLt call
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Plan>> plans_;
   void* xb_ = nullptr;  // bf16 activations [M, K]
