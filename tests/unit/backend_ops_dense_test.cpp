@@ -353,27 +353,44 @@ QF_OP_SUITE(Gemm, gemm_cases);
 
 // gemm_group: n weights on one input (a layer's projections, the backend's own layout where it
 // has one) give the bits of n gemm calls; a group with a non-bf16 member too.
+// A projection group's weights [rows_i, K] of the given dtypes, random (seed + 7 i + K), uploaded
+// and, with `relaid`, in the backend's own layout where it has one (the copies are released at
+// the end of the holder's life).
+struct GroupWeights {
+  Backend& be;
+  std::vector<DevWeight> dws;
+  std::vector<WeightRef> refs;
+  std::vector<const void*> relaid_copies;
+  GroupWeights(Backend& b, const std::vector<std::pair<DType, int64_t>>& members, int64_t K, bool relaid, uint64_t seed)
+      : be(b) {
+    for (size_t i = 0; i < members.size(); i++) {
+      dws.push_back(upload_weight(be, random_weight(members[i].first, members[i].second, K, seed + 7 * i + K)));
+      WeightRef w = dws.back().ref;
+      if (relaid) {
+        WeightRef t = w;
+        if (const void* c = be.relayout_matrix(w, &t.layout)) {
+          t.data = c;
+          if (t.layout == WeightRef::kTcQ4) t.scales = t.biases = nullptr;
+          relaid_copies.push_back(c);
+          w = t;
+        }
+      }
+      refs.push_back(w);
+    }
+  }
+  ~GroupWeights() {
+    for (const void* c : relaid_copies) be.release_weight(c);
+  }
+  GroupWeights(const GroupWeights&) = delete;
+  GroupWeights& operator=(const GroupWeights&) = delete;
+};
+
 void check_gemm_group(Backend& be, const std::vector<std::pair<DType, int64_t>>& members, int64_t K, bool relaid) {
   const int M = 150, n = static_cast<int>(members.size());
   const auto x = randn(static_cast<size_t>(M) * K, 61 + K);
   const DeviceBuffer dx = to_device(be, x);
-  std::vector<DevWeight> dws;
-  std::vector<WeightRef> refs;
-  std::vector<const void*> relaid_copies;
-  for (int i = 0; i < n; i++) {
-    dws.push_back(upload_weight(be, random_weight(members[i].first, members[i].second, K, 880 + 7 * i + K)));
-    WeightRef w = dws.back().ref;
-    if (relaid) {
-      WeightRef t = w;
-      if (const void* c = be.relayout_matrix(w, &t.layout)) {
-        t.data = c;
-        if (t.layout == WeightRef::kTcQ4) t.scales = t.biases = nullptr;
-        relaid_copies.push_back(c);
-        w = t;
-      }
-    }
-    refs.push_back(w);
-  }
+  GroupWeights gw(be, members, K, relaid, 880);
+  const std::vector<WeightRef>& refs = gw.refs;
   std::vector<std::unique_ptr<Out>> grouped, single;
   std::vector<const WeightRef*> ws;
   std::vector<float*> ys;
@@ -388,7 +405,6 @@ void check_gemm_group(Backend& be, const std::vector<std::pair<DType, int64_t>>&
   for (int i = 0; i < n; i++)
     EXPECT_TRUE(same_bits(grouped[i]->floats("grouped"), single[i]->floats("single"),
                           cat("gemm_group member ", i, " vs its own gemm")));
-  for (const void* c : relaid_copies) be.release_weight(c);
 }
 
 std::vector<OpCase> gemm_group_cases() {
@@ -458,23 +474,8 @@ void check_add_rmsnorm_gemm_group(Backend& be, const std::vector<std::pair<DType
                                   bool add, bool relaid, bool with_w) {
   const int M = 70, n = static_cast<int>(members.size());
   const size_t nx = static_cast<size_t>(M) * K;
-  std::vector<DevWeight> dws;
-  std::vector<WeightRef> refs;
-  std::vector<const void*> copies;
-  for (int i = 0; i < n; i++) {
-    dws.push_back(upload_weight(be, random_weight(members[i].first, members[i].second, K, 510 + 3 * i + K)));
-    WeightRef w = dws.back().ref;
-    if (relaid) {
-      WeightRef t = w;
-      if (const void* c = be.relayout_matrix(w, &t.layout)) {
-        t.data = c;
-        if (t.layout == WeightRef::kTcQ4) t.scales = t.biases = nullptr;
-        copies.push_back(c);
-        w = t;
-      }
-    }
-    refs.push_back(w);
-  }
+  GroupWeights gw(be, members, K, relaid, 510);
+  const std::vector<WeightRef>& refs = gw.refs;
   const auto h0 = randn(nx, 81 + K), r = randn(nx, 82 + K), nw = randn(static_cast<size_t>(K), 83 + K);
   const DeviceBuffer dh1 = to_device(be, h0), dh2 = to_device(be, h0), dr = to_device(be, r), dnw = to_device(be, nw);
   Out y1(be, nx), y2(be, nx);
@@ -506,7 +507,6 @@ void check_add_rmsnorm_gemm_group(Backend& be, const std::vector<std::pair<DType
   for (int i = 0; i < n; i++)
     EXPECT_TRUE(same_bits(fused[i]->floats("fused"), ref[i]->floats("norm then gemm_group"),
                           cat("add_rmsnorm_gemm_group member ", i, " vs the norm then gemm_group")));
-  for (const void* c : copies) be.release_weight(c);
 }
 
 std::vector<OpCase> add_rmsnorm_gemm_group_cases() {
