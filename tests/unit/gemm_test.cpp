@@ -481,6 +481,36 @@ TEST(CudaGemm, KeptWeightCopiesGiveTheUntiledBitsWithinTheBudget) {
     }  // gw released: its copy too
     EXPECT_EQ(G->prefill_copy_bytes(), base) << N << " x " << K << ": the copy outlived its weight";
   }
+  // int4, row-major and relaid: the kept copy is the dequantized bf16 matrix (N x K x 2 bytes).
+  {
+    const int64_t N = 96, K = 384;
+    const HostInt4 h = rand_int4(N, K, 64, 29);
+    auto dq = up(G, h.q);
+    auto ds = up(G, h.sc);
+    auto db = up(G, h.bi);
+    const WeightRef rm = int4_ref(h, dq.get(), ds.get(), db.get());
+    uint8_t layout = 0;
+    const void* tiled = G->relayout_matrix(rm, &layout);
+    ASSERT_NE(tiled, nullptr);
+    WeightRef tr = rm;
+    tr.data = tiled;
+    tr.layout = layout;
+    tr.scales = tr.biases = nullptr;
+    const size_t bytes = static_cast<size_t>(N) * K * 2;
+    auto x = randn(static_cast<size_t>(70) * K, 71);
+    auto dx = up(G, x);
+    G->set_prefill_copy_budget(base + bytes - 1);
+    const auto a = gpu_gemm(G, tr, dx, 70), a_rm = gpu_gemm(G, rm, dx, 70);
+    EXPECT_EQ(G->prefill_copy_bytes(), base) << "int4: a copy over the budget was kept";
+    G->set_prefill_copy_budget(base + 2 * bytes);
+    const auto b = gpu_gemm(G, tr, dx, 70), b_rm = gpu_gemm(G, rm, dx, 70), c = gpu_gemm(G, tr, dx, 70);
+    EXPECT_EQ(G->prefill_copy_bytes(), base + 2 * bytes) << "int4: one dequantized copy per matrix";
+    for (const auto* v : {&a_rm, &b, &b_rm, &c})
+      EXPECT_EQ(0, std::memcmp(a.data(), v->data(), a.size() * sizeof(float))) << "int4 kept copy vs dequantized per call";
+    G->release_weight(tiled);
+    EXPECT_EQ(G->prefill_copy_bytes(), base + bytes) << "int4: the relaid matrix's copy outlived it";
+  }  // dq released (a plain buffer): the row-major int4 matrix's copy goes with it
+  EXPECT_EQ(G->prefill_copy_bytes(), base) << "int4: the row-major matrix's copy outlived its buffer";
   G->set_prefill_copy_budget(0);
 }
 

@@ -26,7 +26,13 @@ void* CudaBackend::alloc(size_t bytes) {
   return p;
 }
 
-void CudaBackend::release(void* p) { free_noexcept(p); }
+// Any buffer may have been a weight the prefill GEMM kept a copy of (a synthetic or row-major
+// matrix lives in plain backend memory): the copy goes with it, so that a later buffer at the same
+// address never finds it.
+void CudaBackend::release(void* p) {
+  gemm_.forget(p);
+  free_noexcept(p);
+}
 
 void CudaBackend::upload(void* dst, const void* src, size_t bytes) {
   if (!bytes) return;

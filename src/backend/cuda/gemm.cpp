@@ -135,7 +135,10 @@ const void* GemmRunner::kept_copy(const WeightRef& W, cudaStream_t st) {
                    (long long)W.rows, (long long)W.cols, bytes, copy_bytes_, cudaGetErrorString(e));
     return nullptr;
   }
-  gemm_untile(W.data, p, W.rows, W.cols, st);
+  if (W.dtype == DType::U32)
+    q4_dequant_bf16(W, p, st);
+  else
+    gemm_untile(W.data, p, W.rows, W.cols, st);
   copies_.emplace(W.data, std::make_pair(p, bytes));
   copy_bytes_ += bytes;
   return p;
@@ -282,7 +285,10 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
   if (!takes(W)) backend_fail("cuda gemm: a %s weight (layout %d) is not for the bf16 route", dtype_name(W.dtype), W.layout);
   Plan& p = plan_for(N, K);
   const void* w = W.data;
-  if (W.dtype == DType::U32) {
+  bool kept = false;
+  if (W.dtype == DType::U32 && (w = kept_copy(W, st)) != nullptr) {
+    kept = true;  // the bf16 matrix dequantized by an earlier call (or this one) and kept
+  } else if (W.dtype == DType::U32) {
     void* t = grow(wt_, wt_bytes_, static_cast<size_t>(N) * K * 2, st);
     q4_dequant_bf16(W, t, st);
     w = t;
@@ -298,9 +304,8 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
     gemm_simt(rm, xb, y, M, st);
     return;
   }
-  bool kept = false;
   if (W.dtype == DType::U32) {
-    // w is the dequantized copy
+    // w is the dequantized matrix
   } else if (W.layout == WeightRef::kTc32x64 && (w = kept_copy(W, st)) != nullptr) {
     kept = true;  // the row-major copy kept from an earlier call (or made by this one)
   } else if (W.layout == WeightRef::kTc32x64) {
@@ -336,7 +341,7 @@ void GemmRunner::run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int 
   const float alpha = 1.0f, beta = 0.0f;
   if (prof_on()) {
     prof_tag("%lld x %lld, M=%d%s", (long long)N, (long long)K, M,
-             W.dtype == DType::U32                ? ", int4 dequantized"
+             W.dtype == DType::U32 ? (kept ? ", int4 dequantized, kept" : ", int4 dequantized")
              : W.layout != WeightRef::kTc32x64 ? ""
              : kept                            ? ", kept copy"
                                                : ", untiled");

@@ -76,10 +76,10 @@ class GemmRunner {
   void run_bf16(const WeightRef& W, const uint16_t* xb, float* y, int M, cudaStream_t st);
   // One line per weight shape seen so far: the route and, for cuBLASLt, the pinned configuration.
   std::string describe() const;
-  // Row-major copies of tiled bf16 matrices (kTc32x64), kept between calls: a matrix's first GEMM
-  // makes its copy (the untile, into memory of its own) when the copies then still fit in the
-  // budget, and every later GEMM reads it instead of untiling again; the same bytes, so the same
-  // bits. QFLASH_PREFILL_WEIGHTS: auto (the default: set_copy_budget's bytes), keep (no limit),
+  // Row-major bf16 copies of tiled bf16 matrices (kTc32x64) and of int4 matrices (either layout,
+  // dequantized), kept between calls: a matrix's first GEMM makes its copy (the untile or the
+  // dequantization, into memory of its own) when the copies then still fit in the budget, and
+  // every later GEMM reads it instead of making it again; the same bytes, so the same bits. QFLASH_PREFILL_WEIGHTS: auto (the default: set_copy_budget's bytes), keep (no limit),
   // untile (none). forget(): the tiled matrix at `data` was released; its copy goes too.
   void set_copy_budget(size_t bytes) { copy_budget_ = bytes; }
   size_t copy_bytes() const { return copy_bytes_; }
