@@ -318,12 +318,12 @@ fi
 # The prefill fusions of the projection inputs' producers (QFLASH_PREFILL_FUSE, issue 12): the
 # fused ops against the ops in sequence (op table), prefill split invariance, prefill vs decode
 # logits, long-prompt identity and HF parity on cuda; then the 27B 8k and 32k prompts (8,192-row
-# chunks) under QFLASH_PREFILL_FUSE=0 and 1, alternating, twice each.
+# chunks) under QFLASH_PREFILL_FUSE=0 and 1, alternating, PREFUSE_REPS times each (default 2).
 if want prefuse; then
   step prefuse_tests 200 gtest "$BIN/qflash_tests" \
     --gtest_filter='Op/AddRmsnormGemmGroup*_cuda:Op/FusedGemm*_cuda:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda:Fixtures/LongPromptParity.*_cuda:CudaPrefixCache.*' \
     --gtest_color=no
-  for rep in 1 2; do
+  for rep in $(seq "${PREFUSE_REPS:-2}"); do
     for fv in 0 1; do
       for L in 8192 32768; do
         QFLASH_PREFILL_FUSE=$fv step "prefuse${fv}_${L}_$rep" 120 plain "$BIN/qflash" bench --device cuda \
