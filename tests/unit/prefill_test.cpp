@@ -141,6 +141,45 @@ TEST_P(Prefill, SplitAtMultiplesOf64LeavesTheSameState) {
   }
 }
 
+// The prefill fusions in front of the projections (the layer norms and the attention gate write
+// the GEMMs' bf16 input, backend.h add_rmsnorm_gemm_group / sigmoid_mul_gemm) leave the state and
+// logits of the ops in sequence, bit for bit. A dump hook runs the ops in sequence (it reads the
+// fp32 rows the fused forms never write), so the same prompt with and without one compares them.
+TEST_P(Prefill, FusedProjectionInputsGiveTheUnfusedBits) {
+  const SmallPair& p = small_pair();
+  auto m = Qwen38Model::load(p.target, be_.get(), 16);
+  const int N = 300;
+  auto prompt = random_prompt(N, p.t.vocab, 5);
+  auto st = m->new_state(N + 8, 0);
+  size_t dumped = 0;
+  const DumpHook hook = [&dumped](const std::string&, const float*, size_t n) { dumped += n; };
+  for (int chunk : {320, 128}) {
+    m->set_prefill_rows(chunk);
+    std::vector<int> cuts;
+    for (int e = chunk; e < N; e += chunk) cuts.push_back(e);
+    cuts.push_back(N);
+    m->reset(*st);
+    prefill(*m, *st, prompt, cuts);
+    const Snapshot fused = snapshot(*m, *st, N);
+    m->reset(*st);
+    int off = 0;
+    for (int end : cuts) {
+      ForwardOpts fo;
+      fo.prefill = true;
+      fo.lm_head = end == N;
+      fo.logits_last_only = true;
+      fo.final_hidden = false;
+      m->forward(*st, prompt.data() + off, end - off, fo, &hook);
+      off = end;
+    }
+    ASSERT_GT(dumped, 0u) << "the hook saw no rows: the comparison would be fused vs fused";
+    const Snapshot plain = snapshot(*m, *st, N);
+    for (size_t i = 0; i < fused.kv.size(); i++) EXPECT_TRUE(same(fused.kv[i], plain.kv[i])) << "chunk " << chunk << ": K/V " << i;
+    for (size_t i = 0; i < fused.gdn.size(); i++) EXPECT_TRUE(same(fused.gdn[i], plain.gdn[i])) << "chunk " << chunk << ": GDN " << i;
+    EXPECT_TRUE(same(fused.logits, plain.logits)) << "chunk " << chunk << ": logits";
+  }
+}
+
 TEST_P(Prefill, RejectsBadChunksAndOversizedForwards) {
   const SmallPair& p = small_pair();
   auto m = Qwen38Model::load(p.target, be_.get(), 16);
