@@ -248,6 +248,30 @@ double tc_attention_bound(int nh, int nkv, int hd, int M, float scale, const std
   return vmax * (2 * ds + std::ldexp(1.0, -17) + nkeys * std::ldexp(1.0, -23));
 }
 
+// The same bound for the v4b form (q and p as one bf16 piece each), against a float64 reference that
+// is given bf16(q), so q's rounding is the reference's own: the scores keep only the fp32 sums'
+// term (hd 2^-23 A); p rounded to bf16 moves each weight by at most 2^-8 of itself, so the output
+// by at most 2^-8 max|V| (the row sums are of the unrounded p).
+double tc_attention_bound_bf16p(int nh, int nkv, int hd, int M, float scale, const std::vector<float>& qr,
+                                const std::vector<float>& K, const std::vector<float>& V, int nkeys) {
+  // tc_attention_bound's A with the q-piece and P-piece terms replaced: recompute it from that
+  // function's result would mix terms, so A is measured the same way here.
+  const int kvw = nkv * hd, group = nh / nkv;
+  double A = 0, vmax = 0;
+  for (float v : V) vmax = std::max(vmax, std::fabs(static_cast<double>(v)));
+  for (int m = 0; m < M; m += 7)
+    for (int h = 0; h < nh; h++)
+      for (int j = 0; j < nkeys; j += 3) {
+        double s = 0;
+        for (int d = 0; d < hd; d++)
+          s += std::fabs(static_cast<double>(qr[(static_cast<size_t>(m) * nh + h) * hd + d]) *
+                         K[static_cast<size_t>(j) * kvw + (h / group) * hd + d]);
+        A = std::max(A, s * scale);
+      }
+  const double ds = hd * std::ldexp(1.0, -23) * A * 1.5;
+  return vmax * (2 * ds + std::ldexp(1.0, -8) + nkeys * std::ldexp(1.0, -23));
+}
+
 // Decode / verify attention on bf16 K/V (the grouped kernel, attention_group.cu) against float64
 // and the CPU twin with the bound above; row m of any M-row call (M = 1..20, several row blocks)
 // and the decode of that row alone are bit-identical.
@@ -462,9 +486,9 @@ TEST(CudaAttentionPrefill, V3MatchesV1BitForBit) {
 // float64 within the same bound as v1/v3 (tc_attention_bound), no NaN, every row written, and a
 // row's bits independent of the call: the rows of one call equal the same rows from calls that start
 // elsewhere (with and without cached keys before them), with other lengths, one row at a time.
-TEST(CudaAttentionPrefill, V4MatchesFloat64AndIsRowAndSplitInvariant) {
-  NEED_GPU();
-  (void)C;
+// variant kPrefillV4 (q and p as hi + lo bf16 pieces) or kPrefillV4B (one piece each; reference
+// given bf16(q), tc_attention_bound_bf16p).
+void check_v4_form(Backend* G, int variant) {
   const PrefillCase cases[] = {
       {24, 4, 256, true, 0, 0, 300, 0},     // the 27B's layer, a prompt from position 0
       {24, 4, 256, true, 0, 1000, 150, 0},  // a later chunk after 1000 cached keys
@@ -505,22 +529,30 @@ TEST(CudaAttentionPrefill, V4MatchesFloat64AndIsRowAndSplitInvariant) {
       poison(G, o.get(), o.bytes());
       G->sync();
       EXPECT_TRUE(cuda::attention_prefill(dq.f() + a * rowf, dK.get(), dV.get(), o.f(), b - a, p, dmeta(dms), cs,
-                                          cuda::kPrefillV4));
+                                          variant));
       EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(cs)) << tag << " rows [" << a << ", " << b << ")";
       return down<float>(G, o.get(), (b - a) * rowf);
     };
     const auto all = run(0, c.M);
     for (size_t i = 0; i < all.size(); i++) ASSERT_FALSE(std::isnan(all[i])) << tag << " element " << i;
     const StepMeta meta{c.kv_pos0 + c.past, c.kv_pos0, nkeys, 0};
-    const double tol = tc_attention_bound(c.nh, c.nkv, c.hd, c.M, p.scale, q, Kf, Vf, nkeys);
-    double worst = 0;
+    const bool split = variant == cuda::kPrefillV4;
+    const auto qref = split ? q : widen(to_bf16(q));  // v4b's input rounding is the reference's own
+    const double tol = split ? tc_attention_bound(c.nh, c.nkv, c.hd, c.M, p.scale, q, Kf, Vf, nkeys)
+                             : tc_attention_bound_bf16p(c.nh, c.nkv, c.hd, c.M, p.scale, qref, Kf, Vf, nkeys);
+    double worst = 0, worst_exact_q = 0;
     for (int m = 0; m < c.M; m += (c.M > 100 ? 3 : 1)) {
-      const auto r = ref_row(q, Kf, Vf, m, p, meta);
+      const auto r = ref_row(qref, Kf, Vf, m, p, meta);
       for (size_t i = 0; i < rowf; i++) worst = std::max(worst, std::fabs(all[m * rowf + i] - r[i]));
+      if (!split) {  // reported only: the distance to the fp32-q reference, q's rounding included
+        const auto r32 = ref_row(q, Kf, Vf, m, p, meta);
+        for (size_t i = 0; i < rowf; i++) worst_exact_q = std::max(worst_exact_q, std::fabs(all[m * rowf + i] - r32[i]));
+      }
     }
     EXPECT_LE(worst, tol) << tag;
     if (const char* e = std::getenv("QFLASH_TOL_REPORT"); e && *e == '1')
-      std::printf("[ tol ] attention prefill v4 %s: %.3e of %.3e\n", tag.c_str(), worst, tol);
+      std::printf("[ tol ] attention prefill %s %s: %.3e of %.3e (fp32-q reference: %.3e)\n", split ? "v4" : "v4b",
+                  tag.c_str(), worst, tol, split ? worst : worst_exact_q);
     const int splits[][2] = {{0, 1}, {1, 2}, {5, 37}, {17, c.M}, {64, 128}, {63, c.M}, {c.M - 1, c.M}, {100, 117}};
     for (const auto& sp : splits) {
       const int a = sp[0], b = std::min(sp[1], c.M);
@@ -532,6 +564,19 @@ TEST(CudaAttentionPrefill, V4MatchesFloat64AndIsRowAndSplitInvariant) {
     }
     cudaStreamDestroy(cs);
   }
+}
+
+TEST(CudaAttentionPrefill, V4MatchesFloat64AndIsRowAndSplitInvariant) {
+  NEED_GPU();
+  (void)C;
+  check_v4_form(G, cuda::kPrefillV4);
+}
+
+// v4b (QFLASH_ATTN_PREFILL=v4b): the same checks, against float64 given bf16(q), within its own bound.
+TEST(CudaAttentionPrefill, V4bMatchesFloat64AndIsRowAndSplitInvariant) {
+  NEED_GPU();
+  (void)C;
+  check_v4_form(G, cuda::kPrefillV4B);
 }
 
 #endif  // QFLASH_HAVE_CUDA

@@ -49,6 +49,8 @@
 #             lists the switch values the tests run under, ATTN_AB (default "v1 v3") those timed
 #   ncuattnsrc (not default) Nsight Compute source counters + stalls of the attention prefill kernel
 #             (one 27B layer, 8,192 rows) -> attn_source.csv.gz
+#   p2ab      (not default) the pending prefill work (fused inputs, kept copies, attention v4b):
+#             tests, then 27B 32k/8k prompts under base / keep / fuse / v4b, same call
 #   prefkeep  (not default) 8k/32k prompts under QFLASH_PREFILL_WEIGHTS=untile / auto (kept weight copies)
 #   warmab    (not default) bench generation with / without Generator::warm_up (issue 15), 64 and 8k context
 #   prefuse   (not default) the fused norm / gate + projection inputs (QFLASH_PREFILL_FUSE=0/1): op
@@ -305,6 +307,37 @@ fi
 # default, within the budget of fit.h | keep, no limit) against each other, 8k and 32k prompts in
 # KEEP_CHUNK-row chunks (default 8192), same call; then the GEMM tests (CudaGemm.*, incl. the
 # copies' bits and budget). KEEP_MODES (default "untile auto") lists the modes timed.
+# The pending prefill work in one A/B (issue 12, docs/pending): the tests of the fused projection
+# inputs, the kept weight copies and attention v4b (its model-level tests under
+# QFLASH_ATTN_PREFILL=v4b with QFLASH_TOL_REPORT=1), one 27B attention layer under v4 and v4b, then
+# the 27B 32k and 8k prompts (8,192-row chunks) under four settings, same call:
+#   base = QFLASH_PREFILL_WEIGHTS=untile QFLASH_PREFILL_FUSE=0 (main before the series), keep = auto
+#   + FUSE=0, fuse = auto + FUSE=1 (the series' default), v4b = fuse + QFLASH_ATTN_PREFILL=v4b.
+# P2_CFGS (default "base keep fuse v4b") and P2_LENS (default "32768 8192") narrow it.
+if want p2ab; then
+  step p2_tests 240 gtest "$BIN/qflash_tests" \
+    --gtest_filter='CudaGemm.*:Op/AddRmsnormGemmGroup*_cuda:Op/FusedGemm*_cuda:CudaAttentionPrefill.*:Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda:Fixtures/LongPromptParity.*_cuda:CudaPrefixCache.*' \
+    --gtest_color=no
+  QFLASH_ATTN_PREFILL=v4b QFLASH_TOL_REPORT=1 step p2_tests_v4b 150 gtest "$BIN/qflash_tests" \
+    --gtest_filter='Backends/Prefill.*/cuda:Backends/PrefillLogits.*/cuda:Fixtures/LongPromptParity.Prefill*kvbf16_cuda:CudaPrefixCache.*' \
+    --gtest_color=no
+  grep -h '\[ tol \]\|\[tol\]' "$LOG/p2_tests.log" "$LOG/p2_tests_v4b.log" 2>/dev/null | head -40
+  for av in v4 v4b; do
+    QFLASH_ATTN_PREFILL=$av step "p2_attn_$av" 60 plain "$BIN/qflash_gdn_bench" --attn-only \
+      --attn-rows 8192,32768 --reps 3
+  done
+  for L in ${P2_LENS:-32768 8192}; do
+    for cfg in ${P2_CFGS:-base keep fuse v4b}; do
+      case $cfg in
+        base) w=untile f=0 a=v4 ;; keep) w=auto f=0 a=v4 ;; fuse) w=auto f=1 a=v4 ;; *) w=auto f=1 a=v4b ;;
+      esac
+      QFLASH_PREFILL_WEIGHTS=$w QFLASH_PREFILL_FUSE=$f QFLASH_ATTN_PREFILL=$a step "p2_${cfg}_$L" 120 plain \
+        "$BIN/qflash" bench --device cuda --synthetic tests/fixtures/configs/qwen38_27b/config.json \
+        --prompt-len $L --max-context $((L + 256)) --prefill-chunk 8192 --ops-only --no-mtp \
+        --reps $(( L > 16384 ? 2 : 3 )) --json "$LOG/p2_${cfg}_$L.json"
+    done
+  done
+fi
 if want prefkeep; then
   step keep_tests 90 gtest "$BIN/qflash_tests" --gtest_filter='CudaGemm.*' --gtest_color=no
   for kv in ${KEEP_MODES:-untile auto}; do

@@ -34,6 +34,10 @@
 // attn_prefill_v4_kernel (below), the default since run 39 where it applies (sm_90a, head_dim 256,
 // an even q-head group): warpgroup MMA (wgmma), v1's pieces and softmax step, its own bits; 0.52x of
 // v3's kernel time on the 27B layer at 32k rows (H100). v3 elsewhere and under QFLASH_ATTN_PREFILL=v3.
+// QFLASH_ATTN_PREFILL=v4b: the same kernel with q and p carried as one bf16 piece each (no lo
+// pieces: half the wgmma work), as FlashAttention-style kernels do; its error grows from ~2^-17 to
+// ~2^-8 relative (bf16 rounding of q and p, the same size as the bf16 K/V cache's own rounding).
+// An A/B candidate (docs/experiments/prefill_kernels.md), not the default.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -704,6 +708,8 @@ __device__ __forceinline__ void wgmma_wait_acc(float (&d)[32][4]) {
 constexpr int kV4Threads = 256;
 constexpr size_t kV4Smem = 7 * 32768 + 1024;  // Q 4 x 32 KB, K, two V buffers 32 KB each, + alignment slack
 
+// SPLIT: q and p as bf16 hi + lo (v4), or as bf16 hi alone (v4b).
+template <bool SPLIT>
 __global__ void __launch_bounds__(kV4Threads, 1)
     attn_prefill_v4_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K,
                            const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
@@ -750,7 +756,7 @@ __global__ void __launch_bounds__(kV4Threads, 1)
     q_pieces<HD>(q, G, m, w.h, c, hi, lo);
     const uint32_t o = (c >> 3) * 8192u + r * 128u + (((c & 7) ^ (r & 7)) << 4);
     sts128(sQ + o, hi);
-    sts128(sQ + 32768u + o, lo);
+    if constexpr (SPLIT) sts128(sQ + 32768u + o, lo);
   }
 
   float acc[HD / 8][4];
@@ -779,7 +785,7 @@ __global__ void __launch_bounds__(kV4Threads, 1)
         wgmma_64x64_ss_first(s, wg_desc(sQ + off), db);
       else
         wgmma_64x64_ss(s, wg_desc(sQ + off), db, 1);
-      wgmma_64x64_ss(s, wg_desc(sQ + 32768u + off), db, 1);
+      if constexpr (SPLIT) wgmma_64x64_ss(s, wg_desc(sQ + 32768u + off), db, 1);
     }
     wgmma_commit();
     wgmma_wait_acc(s);
@@ -809,28 +815,29 @@ __global__ void __launch_bounds__(kV4Threads, 1)
     for (int kk = 0; kk < NT / 2; kk++) {
       const uint64_t db = wg_desc(sVb + kk * 2048u, 8192u, 1024u);
       wgmma_64x256_rs(acc, T.ph[kk], db);
-      wgmma_64x256_rs(acc, T.pl[kk], db);
+      if constexpr (SPLIT) wgmma_64x256_rs(acc, T.pl[kk], db);
     }
     wgmma_commit();
     wgmma_wait_acc(acc);
     keep_regs(T.ph);
-    keep_regs(T.pl);
+    if constexpr (SPLIT) keep_regs(T.pl);
   }
 
   prefill_store_out<HD>(out, acc, sum_a, sum_b, w, G, lane);
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
+template <bool SPLIT>
 void launch_prefill_v4(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
                        const StepMeta* meta, cudaStream_t st) {
   static bool smem_set = false;
   if (!smem_set) {
-    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v4_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v4_kernel<SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kV4Smem)));
     smem_set = true;
   }
-  launch_k(attn_prefill_v4_kernel, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q, K, V, out, G,
-           meta);
+  launch_k(attn_prefill_v4_kernel<SPLIT>, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q, K, V,
+           out, G, meta);
   QF_CUDA_LAUNCH_CHECK("attn_prefill_v4_kernel");
 }
 
@@ -845,14 +852,15 @@ void prefill_block_shape(int group, int* hb, int* bq) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 // The QFLASH_ATTN_PREFILL switch (read once per process): v4 by default (it runs v3 where it does not
-// apply: other head dims, odd groups, devices other than sm_90a), v3 or v1 when asked for.
+// apply: other head dims, odd groups, devices other than sm_90a), v4b, v3 or v1 when asked for.
 int prefill_variant_env() {
   static const int v = [] {
     const char* e = std::getenv("QFLASH_ATTN_PREFILL");
     if (e && std::strcmp(e, "v1") == 0) return static_cast<int>(kPrefillV1);
     if (e && std::strcmp(e, "v3") == 0) return static_cast<int>(kPrefillV3);
+    if (e && std::strcmp(e, "v4b") == 0) return static_cast<int>(kPrefillV4B);
     if (e && *e && std::strcmp(e, "v4") != 0)
-      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4); using v4\n", e);
+      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4 | v4b); using v4\n", e);
     return static_cast<int>(kPrefillV4);
   }();
   return v;
@@ -900,14 +908,17 @@ bool attention_prefill(const float* q, const void* K, const void* V, float* out,
   const auto* k16 = static_cast<const uint16_t*>(K);
   const auto* v16 = static_cast<const uint16_t*>(V);
   if (variant == kPrefillEnv) variant = prefill_variant_env();
-  if (variant == kPrefillV4 && attention_prefill_v4_applies(p)) {
+  if ((variant == kPrefillV4 || variant == kPrefillV4B) && attention_prefill_v4_applies(p)) {
     G.hb = 2;
     G.bq = 64;
     G.n_qtiles = (M + 63) / 64;
-    launch_prefill_v4(q, k16, v16, out, G, meta, st);
+    if (variant == kPrefillV4)
+      launch_prefill_v4<true>(q, k16, v16, out, G, meta, st);
+    else
+      launch_prefill_v4<false>(q, k16, v16, out, G, meta, st);
     return true;
   }
-  if (variant == kPrefillV4) variant = kPrefillV3;  // shapes v4 does not cover
+  if (variant == kPrefillV4 || variant == kPrefillV4B) variant = kPrefillV3;  // shapes v4 does not cover
   if (variant == kPrefillV3 && attention_prefill_v3_applies(p)) {
     switch (p.head_dim) {
       case 64: launch_prefill_v3<64>(q, k16, v16, out, G, meta, st); break;
