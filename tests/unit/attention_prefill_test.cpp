@@ -224,6 +224,28 @@ TEST(CudaKvBf16, KvWriteMatchesCpuBitForBit) {
   ASSERT_EQ(0, std::memcmp(got.data(), ref.data(), ref.size() * 2));
 }
 
+// A = scale max_j sum_d |q_d k_jd| over a sample of rows and keys, and max|V|: the two scales of
+// the bounds below.
+struct BoundScales {
+  double A = 0, vmax = 0;
+};
+BoundScales bound_scales(int nh, int nkv, int hd, int M, float scale, const std::vector<float>& q,
+                         const std::vector<float>& K, const std::vector<float>& V, int nkeys) {
+  const int kvw = nkv * hd, group = nh / nkv;
+  BoundScales b;
+  for (float v : V) b.vmax = std::max(b.vmax, std::fabs(static_cast<double>(v)));
+  for (int m = 0; m < M; m += 7)  // a sample of rows and keys sets the scale of A
+    for (int h = 0; h < nh; h++)
+      for (int j = 0; j < nkeys; j += 3) {
+        double s = 0;
+        for (int d = 0; d < hd; d++)
+          s += std::fabs(static_cast<double>(q[(static_cast<size_t>(m) * nh + h) * hd + d]) *
+                         K[static_cast<size_t>(j) * kvw + (h / group) * hd + d]);
+        b.A = std::max(b.A, s * scale);
+      }
+  return b;
+}
+
 // Error bound of the tensor-core attention kernels (attention_group.cu for decode / verify,
 // attention_prefill.cu) against float64 on the same bf16 K/V, in max|V| units. Scores: q is
 // carried as bf16 hi + lo (relative 2^-18) and the tensor cores sum hd exact products in fp32
@@ -232,20 +254,9 @@ TEST(CudaKvBf16, KvWriteMatchesCpuBitForBit) {
 // hi + lo adds 2^-17, the fp32 sums over n keys n 2^-23.
 double tc_attention_bound(int nh, int nkv, int hd, int M, float scale, const std::vector<float>& q,
                           const std::vector<float>& K, const std::vector<float>& V, int nkeys) {
-  const int kvw = nkv * hd, group = nh / nkv;
-  double A = 0, vmax = 0;
-  for (float v : V) vmax = std::max(vmax, std::fabs(static_cast<double>(v)));
-  for (int m = 0; m < M; m += 7)  // a sample of rows and keys sets the scale of A
-    for (int h = 0; h < nh; h++)
-      for (int j = 0; j < nkeys; j += 3) {
-        double s = 0;
-        for (int d = 0; d < hd; d++)
-          s += std::fabs(static_cast<double>(q[(static_cast<size_t>(m) * nh + h) * hd + d]) *
-                         K[static_cast<size_t>(j) * kvw + (h / group) * hd + d]);
-        A = std::max(A, s * scale);
-      }
-  const double ds = (std::ldexp(1.0, -18) + hd * std::ldexp(1.0, -23)) * A * 1.5;  // 1.5: A from a sample
-  return vmax * (2 * ds + std::ldexp(1.0, -17) + nkeys * std::ldexp(1.0, -23));
+  const BoundScales b = bound_scales(nh, nkv, hd, M, scale, q, K, V, nkeys);
+  const double ds = (std::ldexp(1.0, -18) + hd * std::ldexp(1.0, -23)) * b.A * 1.5;  // 1.5: A from a sample
+  return b.vmax * (2 * ds + std::ldexp(1.0, -17) + nkeys * std::ldexp(1.0, -23));
 }
 
 // The same bound for the v4b form (q and p as one bf16 piece each), against a float64 reference that
@@ -254,22 +265,9 @@ double tc_attention_bound(int nh, int nkv, int hd, int M, float scale, const std
 // by at most 2^-8 max|V| (the row sums are of the unrounded p).
 double tc_attention_bound_bf16p(int nh, int nkv, int hd, int M, float scale, const std::vector<float>& qr,
                                 const std::vector<float>& K, const std::vector<float>& V, int nkeys) {
-  // tc_attention_bound's A with the q-piece and P-piece terms replaced: recompute it from that
-  // function's result would mix terms, so A is measured the same way here.
-  const int kvw = nkv * hd, group = nh / nkv;
-  double A = 0, vmax = 0;
-  for (float v : V) vmax = std::max(vmax, std::fabs(static_cast<double>(v)));
-  for (int m = 0; m < M; m += 7)
-    for (int h = 0; h < nh; h++)
-      for (int j = 0; j < nkeys; j += 3) {
-        double s = 0;
-        for (int d = 0; d < hd; d++)
-          s += std::fabs(static_cast<double>(qr[(static_cast<size_t>(m) * nh + h) * hd + d]) *
-                         K[static_cast<size_t>(j) * kvw + (h / group) * hd + d]);
-        A = std::max(A, s * scale);
-      }
-  const double ds = hd * std::ldexp(1.0, -23) * A * 1.5;
-  return vmax * (2 * ds + std::ldexp(1.0, -8) + nkeys * std::ldexp(1.0, -23));
+  const BoundScales b = bound_scales(nh, nkv, hd, M, scale, qr, K, V, nkeys);
+  const double ds = hd * std::ldexp(1.0, -23) * b.A * 1.5;
+  return b.vmax * (2 * ds + std::ldexp(1.0, -8) + nkeys * std::ldexp(1.0, -23));
 }
 
 // Decode / verify attention on bf16 K/V (the grouped kernel, attention_group.cu) against float64
