@@ -2,6 +2,7 @@
 // KV writes and DFlash2's dynamic conv. Each output element (or each row, for the norms) is
 // computed by code that does not depend on the row count, mirroring the CPU twin's operation
 // order (explicit _rn intrinsics where the CPU, built with -ffp-contract=off, rounds twice).
+#include <type_traits>
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -233,23 +234,29 @@ __global__ void __launch_bounds__(kBlock) add_rmsnorm_kernel(float* h, const flo
   for (int i = t0; i < n; i += step) yr[i] = __fmul_rn(__fmul_rn(hr[i], inv), w ? w[i] : 1.0f);
 }
 
-template <bool GATED>
-void rmsnorm_launch(const float* x, const float* gate, const float* w, float* y, int rows, int n, float eps,
+// The norm kernel for rows of n: warp-rows with 4 / 8 / 32 elements a thread up to 128 / 256 / 1024,
+// block-rows with registers up to kNormPer * kBlock, past that the plain kernel (fp32 output only:
+// false for bf16, nothing launched).
+template <bool GATED, class OUT>
+bool rmsnorm_launch(const float* x, const float* gate, const float* w, OUT* y, int rows, int n, float eps,
                     cudaStream_t st) {
-  if (rows <= 0 || n <= 0) return;
+  if (rows <= 0 || n <= 0) return true;
   const dim3 grid_w((rows + 7) / 8);
   if (n <= 128) {
-    launch_k(rmsnorm_reg_kernel<true, GATED, float, 4>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+    launch_k(rmsnorm_reg_kernel<true, GATED, OUT, 4>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   } else if (n <= 256) {
-    launch_k(rmsnorm_reg_kernel<true, GATED, float, 8>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+    launch_k(rmsnorm_reg_kernel<true, GATED, OUT, 8>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   } else if (n <= 1024) {
-    launch_k(rmsnorm_reg_kernel<true, GATED>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+    launch_k(rmsnorm_reg_kernel<true, GATED, OUT>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
   } else if (n <= kNormPer * kBlock) {
-    launch_k(rmsnorm_reg_kernel<false, GATED>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
-  } else {
+    launch_k(rmsnorm_reg_kernel<false, GATED, OUT>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  } else if constexpr (std::is_same_v<OUT, float>) {
     launch_k(rmsnorm_kernel<false, GATED>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
+  } else {
+    return false;
   }
   QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
+  return true;
 }
 
 enum class EwOp { Add, Scale, Swiglu, SigmoidMul, Softcap };
@@ -481,37 +488,10 @@ void swiglu_bf16(const float* g, const float* u, uint16_t* out, size_t n, cudaSt
 }
 bool rmsnorm_gated_bf16(const float* x, const float* gate, const float* w, uint16_t* y, int rows, int n, float eps,
                         cudaStream_t st) {
-  if (rows <= 0 || n <= 0) return true;
-  const dim3 grid_w((rows + 7) / 8);
-  if (n <= 128)
-    launch_k(rmsnorm_reg_kernel<true, true, uint16_t, 4>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
-  else if (n <= 256)
-    launch_k(rmsnorm_reg_kernel<true, true, uint16_t, 8>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
-  else if (n <= 1024)
-    launch_k(rmsnorm_reg_kernel<true, true, uint16_t>, grid_w, dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
-  else if (n <= kNormPer * kBlock)
-    launch_k(rmsnorm_reg_kernel<false, true, uint16_t>, dim3(rows), dim3(kBlock), 0, st, x, gate, w, y, rows, n, eps);
-  else
-    return false;
-  QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
-  return true;
+  return rmsnorm_launch<true>(x, gate, w, y, rows, n, eps, st);
 }
 bool rmsnorm_bf16(const float* x, const float* w, uint16_t* y, int rows, int n, float eps, cudaStream_t st) {
-  if (rows <= 0 || n <= 0) return true;
-  const dim3 grid_w((rows + 7) / 8);  // rmsnorm_launch<false>'s choice of kernel, row for row
-  if (n <= 128)
-    launch_k(rmsnorm_reg_kernel<true, false, uint16_t, 4>, grid_w, dim3(kBlock), 0, st, x, nullptr, w, y, rows, n, eps);
-  else if (n <= 256)
-    launch_k(rmsnorm_reg_kernel<true, false, uint16_t, 8>, grid_w, dim3(kBlock), 0, st, x, nullptr, w, y, rows, n, eps);
-  else if (n <= 1024)
-    launch_k(rmsnorm_reg_kernel<true, false, uint16_t>, grid_w, dim3(kBlock), 0, st, x, nullptr, w, y, rows, n, eps);
-  else if (n <= kNormPer * kBlock)
-    launch_k(rmsnorm_reg_kernel<false, false, uint16_t>, dim3(rows), dim3(kBlock), 0, st, x, nullptr, w, y, rows, n,
-             eps);
-  else
-    return false;
-  QF_CUDA_LAUNCH_CHECK("rmsnorm_kernel");
-  return true;
+  return rmsnorm_launch<false>(x, nullptr, w, y, rows, n, eps, st);
 }
 bool add_rmsnorm_bf16(float* h, const float* r, const float* w, uint16_t* y, int rows, int n, float eps,
                       cudaStream_t st) {
