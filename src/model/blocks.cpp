@@ -116,16 +116,11 @@ static int mixer_inputs(const LayerWeights& w, BlockScratch& s, const WeightRef*
   return 4;
 }
 
-// `projected`: the input projections already ran (the fused input norm did them).
+// The input projections already ran (decoder_layer). fuse: the gate writes the o projection's bf16
+// input directly (prefill, Backend::sigmoid_mul_gemm).
 static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, int M, const AttnDims& ad,
-                            float eps, const LayerIO& io, const DumpHook* dump, const std::string& name,
-                            bool projected, bool fuse) {
+                            float eps, const LayerIO& io, const DumpHook* dump, const std::string& name, bool fuse) {
   const int nh = ad.n_heads, nkv = ad.n_kv_heads, hd = ad.head_dim;
-  if (!projected) {
-    const WeightRef* ws[3] = {&w.q, &w.k, &w.v};
-    float* ys[3] = {s.qg.f(), s.k.f(), s.v.f()};
-    project(be, io.prefill, ws, ys, 3, s.a.f(), M);
-  }
   be.split_qgate(s.qg.f(), s.q.f(), s.gate.f(), M, nh, hd);
   be.rmsnorm(s.q.f(), w.q_norm.ptr(), s.q.f(), M * nh, hd, eps);
   be.rmsnorm(s.k.f(), w.k_norm.ptr(), s.k.f(), M * nkv, hd, eps);
@@ -154,14 +149,9 @@ static void gated_attention(Backend& be, const AttnWeights& w, BlockScratch& s, 
   project1(be, io.prefill, w.o, s.attn.f(), s.o.f(), M);
 }
 
+// The input projections already ran (decoder_layer).
 static void gated_deltanet(Backend& be, const GdnWeights& w, BlockScratch& s, int M, const GdnDims& gd,
-                           float eps, const LayerIO& io, const DumpHook* dump, const std::string& name,
-                           bool projected) {
-  if (!projected) {
-    const WeightRef* ws[4] = {&w.qkv, &w.z, &w.a, &w.b};
-    float* ys[4] = {s.mixed.f(), s.z.f(), s.alpha.f(), s.beta.f()};
-    project(be, io.prefill, ws, ys, 4, s.a.f(), M);
-  }
+                           float eps, const LayerIO& io, const DumpHook* dump, const std::string& name) {
   dump_rows(dump, name + ".gdn.mixed", s.mixed.f(), static_cast<size_t>(M) * gd.conv_dim());
   dump_rows(dump, name + ".gdn.z", s.z.f(), static_cast<size_t>(M) * gd.value_dim());
   if (io.prefill)
@@ -186,31 +176,35 @@ void decoder_layer(Backend& be, const LayerWeights& w, BlockScratch& s, float* h
   // Prefill without a dump hook: each norm hands its output to the projections that read it as
   // their bf16 input (Backend::add_rmsnorm_gemm_group), the same bits as the steps below.
   const bool fuse = io.prefill && !(dump && *dump) && prefill_fuse();
-  if (fuse) {
+  {
     const WeightRef* ws[4];
     float* ys[4];
     const int n = mixer_inputs(w, s, ws, ys);
-    be.add_rmsnorm_gemm_group(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps, ws, ys, n);
-  } else if (io.pending) {  // the previous layer's MLP output, added here together with this layer's norm
-    be.add_rmsnorm(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps);
-  } else {
-    be.rmsnorm(h, w.in_norm.ptr(), s.a.f(), M, H, eps);
+    if (fuse) {
+      be.add_rmsnorm_gemm_group(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps, ws, ys, n);
+    } else {
+      if (io.pending)  // the previous layer's MLP output, added here together with this layer's norm
+        be.add_rmsnorm(h, io.pending, w.in_norm.ptr(), s.a.f(), M, H, eps);
+      else
+        be.rmsnorm(h, w.in_norm.ptr(), s.a.f(), M, H, eps);
+      dump_rows(dump, name + ".mixer_in", s.a.f(), MH);
+      project(be, io.prefill, ws, ys, n, s.a.f(), M);
+    }
   }
-  dump_rows(dump, name + ".mixer_in", s.a.f(), MH);
   if (w.full_attention)
-    gated_attention(be, w.attn, s, M, ad, eps, io, dump, name, fuse, fuse);
+    gated_attention(be, w.attn, s, M, ad, eps, io, dump, name, fuse);
   else
-    gated_deltanet(be, w.gdn, s, M, gd, eps, io, dump, name, fuse);
+    gated_deltanet(be, w.gdn, s, M, gd, eps, io, dump, name);
   dump_rows(dump, name + ".mixer_out", s.o.f(), MH);
-  if (fuse) {
+  {
     const WeightRef* ws[2] = {&w.mlp.gate, &w.mlp.up};
     float* ys[2] = {s.g.f(), s.u.f()};
-    be.add_rmsnorm_gemm_group(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps, ws, ys, 2);
-  } else {
-    be.add_rmsnorm(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps);
-    const WeightRef* ws[2] = {&w.mlp.gate, &w.mlp.up};
-    float* ys[2] = {s.g.f(), s.u.f()};
-    project(be, io.prefill, ws, ys, 2, s.a.f(), M);
+    if (fuse) {
+      be.add_rmsnorm_gemm_group(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps, ws, ys, 2);
+    } else {
+      be.add_rmsnorm(h, s.o.f(), w.post_norm.ptr(), s.a.f(), M, H, eps);
+      project(be, io.prefill, ws, ys, 2, s.a.f(), M);
+    }
   }
   if (io.prefill) {
     be.swiglu_gemm(w.mlp.down, s.g.f(), s.u.f(), s.o.f(), M);
