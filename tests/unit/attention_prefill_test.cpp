@@ -549,7 +549,8 @@ void check_v4_form(Backend* G, int variant) {
     }
     EXPECT_LE(worst, tol) << tag;
     if (const char* e = std::getenv("QFLASH_TOL_REPORT"); e && *e == '1')
-      std::printf("[ tol ] attention prefill %s %s: %.3e of %.3e (fp32-q reference: %.3e)\n", split ? "v4" : "v4b",
+      std::printf("[ tol ] attention prefill %s %s: %.3e of %.3e (fp32-q reference: %.3e)\n",
+                  split ? "v4" : variant == cuda::kPrefillV4B ? "v4b" : "v5b",
                   tag.c_str(), worst, tol, split ? worst : worst_exact_q);
     const int splits[][2] = {{0, 1}, {1, 2}, {5, 37}, {17, c.M}, {64, 128}, {63, c.M}, {c.M - 1, c.M}, {100, 117}};
     for (const auto& sp : splits) {
@@ -575,6 +576,53 @@ TEST(CudaAttentionPrefill, V4bMatchesFloat64AndIsRowAndSplitInvariant) {
   NEED_GPU();
   (void)C;
   check_v4_form(G, cuda::kPrefillV4B);
+}
+
+// v5b (QFLASH_ATTN_PREFILL=v5b: v4b's operations with P V(t) and S(t + 1) in flight together): v4b's
+// bits exactly on the 27B shapes, and v4b's float64, row and split checks.
+TEST(CudaAttentionPrefill, V5bEqualsV4bBitForBit) {
+  NEED_GPU();
+  (void)C;
+  const PrefillCase cases[] = {
+      {24, 4, 256, true, 0, 0, 300, 0},     // a prompt from position 0
+      {24, 4, 256, true, 0, 1000, 150, 0},  // a later chunk after 1000 cached keys
+      {24, 4, 256, true, 0, 37, 1100, 3},   // ragged start, offset buffer, many key tiles
+      {24, 4, 256, true, 0, 0, 1, 0},       // one row: one tile
+      {24, 4, 256, true, 0, 0, 64, 0},      // exactly one tile
+      {24, 4, 256, true, 96, 500, 200, 0},  // sliding window
+      {8, 4, 256, false, 0, 130, 40, 0},    // non-causal
+  };
+  for (const PrefillCase& c : cases) {
+    const AttnParams p = params(c.nh, c.nkv, c.hd, c.causal, c.window, DType::BF16);
+    const std::string tag = "nh=" + std::to_string(c.nh) + " past=" + std::to_string(c.past) + " M=" +
+                            std::to_string(c.M) + " window=" + std::to_string(c.window) + (c.causal ? "" : " non-causal");
+    const int kvw = c.nkv * c.hd, nkeys = c.past + c.M;
+    const uint64_t seed = 91 + static_cast<uint64_t>(c.nh) * 3 + c.M;
+    const auto Kh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed, 1.5f));
+    const auto Vh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed + 1));
+    const auto q = randv(static_cast<size_t>(c.M) * c.nh * c.hd, seed + 2, 2.0f);
+    const StepMeta meta{c.kv_pos0 + c.past, c.kv_pos0, nkeys, 0};
+    DeviceBuffer dK = up(G, Kh), dV = up(G, Vh), dq = up(G, q), dm = up(G, std::vector<StepMeta>{meta});
+    std::vector<std::vector<float>> outs;
+    for (int variant : {cuda::kPrefillV4B, cuda::kPrefillV5B}) {
+      DeviceBuffer dout(G, q.size() * 4);
+      poison(G, dout.get(), dout.bytes());
+      G->sync();
+      cudaStream_t cs = nullptr;
+      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+      ASSERT_TRUE(cuda::attention_prefill(dq.f(), dK.get(), dV.get(), dout.f(), c.M, p, dmeta(dm), cs, variant)) << tag;
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs)) << tag << " variant " << variant;
+      cudaStreamDestroy(cs);
+      outs.push_back(down<float>(G, dout.get(), q.size()));
+    }
+    const size_t rowf = static_cast<size_t>(c.nh) * c.hd;
+    for (size_t i = 0; i < outs[0].size(); i++) ASSERT_FALSE(std::isnan(outs[0][i])) << tag << " element " << i;
+    for (size_t i = 0; i < outs[0].size(); i++)
+      ASSERT_EQ(0, std::memcmp(&outs[1][i], &outs[0][i], 4))
+          << tag << ": v5b differs from v4b at row " << i / rowf << " element " << i % rowf << " (" << outs[1][i]
+          << " vs " << outs[0][i] << ")";
+  }
+  check_v4_form(G, cuda::kPrefillV5B);
 }
 
 #endif  // QFLASH_HAVE_CUDA

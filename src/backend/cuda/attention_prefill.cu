@@ -827,6 +827,153 @@ __global__ void __launch_bounds__(kV4Threads, 1)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
+// ---- v5b: v4b's operations, P V(t) and S(t + 1) in flight together --------------------------------
+// v4 leaves the tensor core idle while a warpgroup waits for P V(t), crosses the next tile's barrier
+// and issues S(t + 1). v5b issues P V(t), then (after K(t + 1)'s barrier) S(t + 1), and waits for
+// both at once; K(t + 1) and V(t + 1) are both loaded once every warpgroup is past S(t) (V has two
+// buffers, so V(t + 1) never overwrites the V(t) that P V(t) reads). Each row's operations are v4b's
+// in v4b's order (rescale by alpha(t), P V(t) into the same accumulators, S(t + 1) from zero,
+// softmax(t + 1)), so the bits are v4b's (CudaAttentionPrefill.V5bEqualsV4bBitForBit). With q and p
+// as two pieces (v4) the same schedule needs 255 registers and spills ("v5", prefill_kernels.md);
+// with one piece P is 16 registers a thread instead of 32.
+__global__ void __launch_bounds__(kV4Threads, 1)
+    attn_prefill_v5b_kernel(const float* __restrict__ q, const uint16_t* __restrict__ K,
+                            const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
+                            const StepMeta* meta) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int HD = 256, CH = HD / 8, KT = 64, NT = KT / 8;
+  pdl_trigger();
+  pdl_wait();
+  extern __shared__ __align__(1024) uint8_t smem_v4[];
+  const uint32_t sbase = (smem_u32(smem_v4) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, wg = warp >> 2;
+  const uint32_t sQ = sbase + wg * 65536u;  // [4][64][128 B] (v4's layout; the lo half unused)
+  const uint32_t sK = sbase + 131072u;
+  const uint32_t sV = sK + 32768u;  // two buffers
+
+  const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
+  const int t_begin = w.t_begin, t_end = w.t_end;
+
+  const int n_kv = meta->n_kv;
+  const int lc = tid & 31, lr0 = tid >> 5;
+  const uint16_t* kcol = K + static_cast<size_t>(w.g) * HD + lc * 8;
+  const uint16_t* vcol = V + static_cast<size_t>(w.g) * HD + lc * 8;
+  const uint32_t col_off = (lc >> 3) * 8192u + ((lc & 7) << 4);
+  auto load_tile = [&](uint32_t dst, const uint16_t* col, int t) {
+#pragma unroll
+    for (int r = lr0; r < KT; r += kV4Threads / 32) {
+      const int j = t * KT + r;
+      const bool ok = j < n_kv;
+      cp_async16((dst + col_off + r * 128u) ^ ((r & 7) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
+                 ok ? 16 : 0);
+    }
+  };
+  auto vbuf = [&](int t) { return sV + ((t - t_begin) & 1) * 32768u; };
+  if (t_end > t_begin) {
+    load_tile(sK, kcol, t_begin);
+    cp_async_commit();
+    load_tile(vbuf(t_begin), vcol, t_begin);
+    cp_async_commit();
+  }
+  for (int i = tid & 127; i < 64 * CH; i += 128) {
+    const int r = i / CH, c = i % CH;
+    const int m = w.m0 + r;
+    uint4 hi, lo;
+    q_pieces<HD>(q, G, m, w.h, c, hi, lo);
+    sts128(sQ + (c >> 3) * 8192u + r * 128u + (((c & 7) ^ (r & 7)) << 4), hi);
+  }
+
+  float acc[HD / 8][4];
+#pragma unroll
+  for (int n = 0; n < HD / 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  float max_a = -INFINITY, max_b = -INFINITY, sum_a = 0.0f, sum_b = 0.0f;
+  if (t_end <= t_begin) {
+    prefill_store_out<HD>(out, acc, sum_a, sum_b, w, G, lane);
+    return;
+  }
+
+  // S = Q K^T of the tile in sK: 16 wgmma (one piece), committed, not waited.
+  float s[NT][4];
+  auto issue_s = [&]() {
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ks++) {
+      const uint32_t off = (ks >> 2) * 8192u + (ks & 3) * 32u;
+      const uint64_t db = wg_desc(sK + off);
+      if (ks == 0)
+        wgmma_64x64_ss_first(s, wg_desc(sQ + off), db);
+      else
+        wgmma_64x64_ss(s, wg_desc(sQ + off), db, 1);
+    }
+    wgmma_commit();
+  };
+
+  cp_async_wait<1>();  // K(t_begin) and this thread's Q stores
+  fence_proxy_async_smem();
+  __syncthreads();
+  wgmma_fence();
+  issue_s();
+  wgmma_wait_acc(s);
+  TileSoftmax<NT> T;
+  softmax_tile<NT>(s, t_begin * KT, lane, G.scale_log2, w.lo_a, w.hi_a, w.lo_b, w.hi_b, max_a, max_b, sum_a, sum_b,
+                   T);
+
+  for (int t = t_begin; t < t_end; t++) {
+    const bool more = t + 1 < t_end;
+    cp_async_wait<0>();  // V(t)
+    fence_proxy_async_smem();
+    __syncthreads();  // V(t) landed for all; every warpgroup is done with S(t) (K(t)) and P V(t - 1)
+    if (more) {
+      load_tile(sK, kcol, t + 1);
+      cp_async_commit();
+      load_tile(vbuf(t + 1), vcol, t + 1);  // P V(t - 1), the last reader of this buffer, was waited
+      cp_async_commit();
+    }
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) {
+      acc[n][0] = __fmul_rn(acc[n][0], T.alpha_a);
+      acc[n][1] = __fmul_rn(acc[n][1], T.alpha_a);
+      acc[n][2] = __fmul_rn(acc[n][2], T.alpha_b);
+      acc[n][3] = __fmul_rn(acc[n][3], T.alpha_b);
+    }
+    wgmma_fence_acc(acc);
+    const uint32_t sVb = vbuf(t);
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; kk++) wgmma_64x256_rs(acc, T.ph[kk], wg_desc(sVb + kk * 2048u, 8192u, 1024u));
+    wgmma_commit();
+    if (more) {
+      cp_async_wait<1>();  // K(t + 1)
+      fence_proxy_async_smem();
+      __syncthreads();
+      wgmma_fence();  // S's accumulators were read by softmax(t); P V(t) stays in flight
+      issue_s();
+      wgmma_wait_acc(s);  // wait_group 0: S(t + 1) and P V(t)
+      wgmma_wait_acc(acc);
+      keep_regs(T.ph);
+      softmax_tile<NT>(s, (t + 1) * KT, lane, G.scale_log2, w.lo_a, w.hi_a, w.lo_b, w.hi_b, max_a, max_b, sum_a,
+                       sum_b, T);
+    } else {
+      wgmma_wait_acc(acc);
+      keep_regs(T.ph);
+    }
+  }
+
+  prefill_store_out<HD>(out, acc, sum_a, sum_b, w, G, lane);
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+}
+
+void launch_prefill_v5b(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
+                        const StepMeta* meta, cudaStream_t st) {
+  static bool smem_set = false;
+  if (!smem_set) {
+    QF_CUDA_CHECK(cudaFuncSetAttribute(attn_prefill_v5b_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(kV4Smem)));
+    smem_set = true;
+  }
+  launch_k(attn_prefill_v5b_kernel, dim3(G.n_qtiles, G.n_heads / 2), dim3(kV4Threads), kV4Smem, st, q, K, V, out, G,
+           meta);
+  QF_CUDA_LAUNCH_CHECK("attn_prefill_v5b_kernel");
+}
+
 template <bool SPLIT>
 void launch_prefill_v4(const float* q, const uint16_t* K, const uint16_t* V, float* out, const PrefillGeom& G,
                        const StepMeta* meta, cudaStream_t st) {
@@ -859,8 +1006,9 @@ int prefill_variant_env() {
     if (e && std::strcmp(e, "v1") == 0) return static_cast<int>(kPrefillV1);
     if (e && std::strcmp(e, "v3") == 0) return static_cast<int>(kPrefillV3);
     if (e && std::strcmp(e, "v4b") == 0) return static_cast<int>(kPrefillV4B);
+    if (e && std::strcmp(e, "v5b") == 0) return static_cast<int>(kPrefillV5B);
     if (e && *e && std::strcmp(e, "v4") != 0)
-      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4 | v4b); using v4\n", e);
+      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4 | v4b | v5b); using v4\n", e);
     return static_cast<int>(kPrefillV4);
   }();
   return v;
@@ -908,17 +1056,20 @@ bool attention_prefill(const float* q, const void* K, const void* V, float* out,
   const auto* k16 = static_cast<const uint16_t*>(K);
   const auto* v16 = static_cast<const uint16_t*>(V);
   if (variant == kPrefillEnv) variant = prefill_variant_env();
-  if ((variant == kPrefillV4 || variant == kPrefillV4B) && attention_prefill_v4_applies(p)) {
+  const bool wg = variant == kPrefillV4 || variant == kPrefillV4B || variant == kPrefillV5B;
+  if (wg && attention_prefill_v4_applies(p)) {
     G.hb = 2;
     G.bq = 64;
     G.n_qtiles = (M + 63) / 64;
     if (variant == kPrefillV4)
       launch_prefill_v4<true>(q, k16, v16, out, G, meta, st);
-    else
+    else if (variant == kPrefillV4B)
       launch_prefill_v4<false>(q, k16, v16, out, G, meta, st);
+    else
+      launch_prefill_v5b(q, k16, v16, out, G, meta, st);
     return true;
   }
-  if (variant == kPrefillV4 || variant == kPrefillV4B) variant = kPrefillV3;  // shapes v4 does not cover
+  if (wg) variant = kPrefillV3;  // shapes v4 does not cover
   if (variant == kPrefillV3 && attention_prefill_v3_applies(p)) {
     switch (p.head_dim) {
       case 64: launch_prefill_v3<64>(q, k16, v16, out, G, meta, st); break;

@@ -119,9 +119,12 @@ void attention(const float* q, const void* K, const void* V, float* out, int M, 
 // (two tiles per double-buffered stage, the same bits as v1 by construction; v1 where its shared
 // memory does not fit), kPrefillV4 (wgmma on sm_90a, its own bits; v3 where it does not apply),
 // kPrefillV4B (v4 with q and p as one bf16 piece each, half the tensor work; an A/B candidate, its
-// own error bound; v3 where v4 does not apply), kPrefillEnv = the QFLASH_ATTN_PREFILL switch
-// (v1 | v3 | v4 | v4b; default v4 since run 39).
-enum PrefillVariant : int { kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV3 = 3, kPrefillV4 = 4, kPrefillV4B = 5 };
+// own error bound; v3 where v4 does not apply), kPrefillV5B (v4b's bits, P V(t) and S(t + 1) in
+// flight together), kPrefillEnv = the QFLASH_ATTN_PREFILL switch (v1 | v3 | v4 | v4b | v5b;
+// default v4 since run 39).
+enum PrefillVariant : int {
+  kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV3 = 3, kPrefillV4 = 4, kPrefillV4B = 5, kPrefillV5B = 6
+};
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
                        const StepMeta* meta, cudaStream_t st, int variant = kPrefillEnv);
 // Whether kPrefillV3 runs its own kernel for these parameters (bf16 K/V, head_dim 64/128/256, and
