@@ -694,6 +694,48 @@ TEST(CudaGdnChunked, WarpCountsAgreeBitForBit) {
   }
 }
 
+// The parallel stage's conv with the kernel size fixed at compile time (4, every Qwen3.8 checkpoint)
+// against the same kernel for any size (generic_conv): the same operations in the same order, so
+// every intermediate of the scratch, y and the state (conv tail included) are equal bit for bit.
+// Rows not a multiple of 64, a conv tail carried in, and a second call that continues the first.
+TEST(CudaGdnChunked, FixedConvSizeEqualsAnySizeBitForBit) {
+  NEED_GPU();
+  for (const GdnDims& d : {dims(16, 48, 128, 128, 4), dims(2, 6, 64, 64, 4), dims(2, 4, 96, 32, 4)}) {
+    const int M = 259, A = 128;
+    const Inputs in = make_inputs(d, M, Decay::Mixed, 717);
+    DevInputs di(G, in);
+    const size_t C = d.conv_dim(), Hv = d.n_v_heads, VD = d.value_dim();
+    const size_t ny = static_cast<size_t>(M) * VD, nsc = cuda::gdn_chunk_scratch_floats(d, M);
+    std::vector<std::vector<float>> ys, ss, scs;
+    for (bool generic : {false, true}) {
+      DeviceBuffer st, y;
+      fresh(G, in, st, y);
+      DeviceBuffer scr = DevInputs::up(G, std::vector<float>(nsc, NAN));
+      G->sync();
+      cudaStream_t cs = nullptr;
+      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+      for (auto [r0, r1] : {std::pair<int, int>{0, A}, std::pair<int, int>{A, M}})
+        cuda::gdn_chunked(di.mixed.f() + r0 * C, di.alpha.f() + r0 * Hv, di.beta.f() + r0 * Hv, di.conv.f(),
+                          di.A_log.f(), di.dt.f(), d, st.f(), y.f() + r0 * VD, r1 - r0, scr.f(), cs, 0, generic);
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
+      cudaStreamDestroy(cs);
+      ys.push_back(down(G, y, ny));
+      ss.push_back(down(G, st, d.state_floats()));
+      scs.push_back(down(G, scr, nsc));
+    }
+    const std::string tag = tag_of(d, M, Decay::Mixed);
+    for (float v : ys[0]) ASSERT_FALSE(std::isnan(v)) << tag << ": an output row was not written";
+    ASSERT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), ny * sizeof(float))) << tag << ": y, fixed vs any conv size";
+    ASSERT_EQ(0, std::memcmp(ss[0].data(), ss[1].data(), ss[0].size() * sizeof(float))) << tag << ": state";
+    // the scratch holds the second call's intermediates (rows past its last row: NaN in both or 0)
+    for (size_t i = 0; i < nsc; i++) {
+      if (!(std::isnan(scs[0][i]) && std::isnan(scs[1][i]))) {
+        ASSERT_EQ(0, std::memcmp(&scs[0][i], &scs[1][i], sizeof(float))) << tag << ": scratch element " << i;
+      }
+    }
+  }
+}
+
 // The parallel stage on its own (diagnoses a failure above: if this passes, look at the
 // recurrence kernel): the scratch intermediates of every chunk against the formulas in double,
 // rows past the call's last row and Aqk's upper triangle exactly zero. fp32 depth: a d_k-term

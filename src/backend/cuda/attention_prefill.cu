@@ -31,13 +31,15 @@
 // 27B shape (docs/experiments/prefill_kernels.md). v1 runs where v3's shared memory does not fit,
 // and under QFLASH_ATTN_PREFILL=v1.
 //
-// attn_prefill_v4_kernel (below), the default since run 39 where it applies (sm_90a, head_dim 256,
-// an even q-head group): warpgroup MMA (wgmma), v1's pieces and softmax step, its own bits; 0.52x of
-// v3's kernel time on the 27B layer at 32k rows (H100). v3 elsewhere and under QFLASH_ATTN_PREFILL=v3.
-// QFLASH_ATTN_PREFILL=v4b: the same kernel with q and p carried as one bf16 piece each (no lo
-// pieces: half the wgmma work), as FlashAttention-style kernels do; its error grows from ~2^-17 to
-// ~2^-8 relative (bf16 rounding of q and p, the same size as the bf16 K/V cache's own rounding).
-// An A/B candidate (docs/experiments/prefill_kernels.md), not the default.
+// attn_prefill_v4_kernel (below), where it applies (sm_90a, head_dim 256, an even q-head group):
+// warpgroup MMA (wgmma), v1's pieces and softmax step, its own bits; 0.52x of v3's kernel time on
+// the 27B layer at 32k rows (H100). v3 elsewhere and under QFLASH_ATTN_PREFILL=v3. The default from
+// run 39 to run 66; QFLASH_ATTN_PREFILL=v4 now.
+// v4b: the same kernel with q and p carried as one bf16 piece each (no lo pieces: half the wgmma
+// work), as FlashAttention-style kernels do; its error grows from ~2^-17 to ~2^-8 relative (bf16
+// rounding of q and p, the same size as the bf16 K/V cache's own rounding). 0.70x of v4's time.
+// v5b, the default since run 66 where v4 applies: v4b's operations and bits with P V(t) and
+// S(t + 1) in flight together, 0.97-0.98x of v4b's time (H100; docs/experiments/prefill_kernels.md).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -998,18 +1000,19 @@ void prefill_block_shape(int group, int* hb, int* bq) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-// The QFLASH_ATTN_PREFILL switch (read once per process): v4 by default (it runs v3 where it does not
-// apply: other head dims, odd groups, devices other than sm_90a), v4b, v3 or v1 when asked for.
+// The QFLASH_ATTN_PREFILL switch (read once per process): v5b by default since run 66 (it runs v3
+// where v4's kernels do not apply: other head dims, odd groups, devices other than sm_90a); v4,
+// v4b, v3 or v1 when asked for.
 int prefill_variant_env() {
   static const int v = [] {
     const char* e = std::getenv("QFLASH_ATTN_PREFILL");
     if (e && std::strcmp(e, "v1") == 0) return static_cast<int>(kPrefillV1);
     if (e && std::strcmp(e, "v3") == 0) return static_cast<int>(kPrefillV3);
+    if (e && std::strcmp(e, "v4") == 0) return static_cast<int>(kPrefillV4);
     if (e && std::strcmp(e, "v4b") == 0) return static_cast<int>(kPrefillV4B);
-    if (e && std::strcmp(e, "v5b") == 0) return static_cast<int>(kPrefillV5B);
-    if (e && *e && std::strcmp(e, "v4") != 0)
-      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4 | v4b | v5b); using v4\n", e);
-    return static_cast<int>(kPrefillV4);
+    if (e && *e && std::strcmp(e, "v5b") != 0)
+      std::fprintf(stderr, "qflash: QFLASH_ATTN_PREFILL=%s unknown (v1 | v3 | v4 | v4b | v5b); using v5b\n", e);
+    return static_cast<int>(kPrefillV5B);
   }();
   return v;
 }

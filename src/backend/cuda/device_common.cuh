@@ -265,22 +265,26 @@ void attn_common_geom(Geom& G, const AttnParams& p, int M) {
 // (gdn_chunk.cu), so that both paths round the same way.
 // Causal conv of one channel at one row, before the SiLU: the K-1 earlier raw rows in win (oldest
 // first) times w[0..K-2], then the current raw row times wlast, summed in that order.
-template <int KMAX>
+// KFIX > 0: K is known at compile time (KFIX, which the caller checked equals K), so the tests on
+// j fold away and the window moves by register renaming; the same operations in the same order.
+template <int KMAX, int KFIX = 0>
 __device__ __forceinline__ float gdn_conv_acc(const float (&w)[KMAX], const float (&win)[KMAX - 1], float wlast,
                                               float raw, int K) {
+  const int k = KFIX > 0 ? KFIX : K;
   float acc = 0.0f;
 #pragma unroll
   for (int j = 0; j < KMAX - 1; j++)
-    if (j < K - 1) acc = __fadd_rn(acc, __fmul_rn(w[j], win[j]));
+    if (j < k - 1) acc = __fadd_rn(acc, __fmul_rn(w[j], win[j]));
   return __fadd_rn(acc, __fmul_rn(wlast, raw));
 }
 // Moves the conv window on by one row: raw becomes its newest entry.
-template <int W>
+template <int W, int KFIX = 0>
 __device__ __forceinline__ void gdn_conv_push(float (&win)[W], float raw, int K) {
+  const int k = KFIX > 0 ? KFIX : K;
 #pragma unroll
   for (int j = 0; j < W; j++) {
-    if (j < K - 2) win[j] = win[j + 1 < W ? j + 1 : j];
-    else if (j == K - 2) win[j] = raw;
+    if (j < k - 2) win[j] = win[j + 1 < W ? j + 1 : j];
+    else if (j == k - 2) win[j] = raw;
   }
 }
 // 1 / sqrt(sum of squares + eps): the l2 normalisation of q and k.

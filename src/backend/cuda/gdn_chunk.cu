@@ -75,10 +75,12 @@ struct PrepArgs {
 
 // Conv + SiLU of channel ch for the chunk's rows t = 0..63 (0 past row L) with gdn_rows'
 // arithmetic; emit(t, u) in row order. Row m0 + t reads raw rows m0 + t - K + 1 .. m0 + t of
-// [tail | mixed].
-template <class Emit>
+// [tail | mixed]. KFIX > 0: the conv kernel size is KFIX (== a.K, the launcher's choice), known at
+// compile time: the same operations without the per-tap tests and window moves of a runtime K,
+// which were two thirds of the prep kernel's stall samples (Nsight Compute, run 66).
+template <int KFIX, class Emit>
 __device__ __forceinline__ void conv_rows(const PrepArgs& a, int ch, int m0, int L, Emit&& emit) {
-  const int K = a.K;
+  const int K = KFIX > 0 ? KFIX : a.K;
   const size_t C = a.C;
   float w[kConvMax], win[kConvMax - 1];
 #pragma unroll
@@ -94,9 +96,9 @@ __device__ __forceinline__ void conv_rows(const PrepArgs& a, int ch, int m0, int
 #pragma unroll
   for (int t = 0; t < kC; t++) {
     const float raw = t < L ? a.mixed[static_cast<size_t>(m0 + t) * C + ch] : 0.0f;
-    const float acc = gdn_conv_acc(w, win, wlast, raw, K);
+    const float acc = gdn_conv_acc<kConvMax, KFIX>(w, win, wlast, raw, K);
     emit(t, t < L ? silu_f(acc) : 0.0f);
-    gdn_conv_push(win, raw, K);
+    gdn_conv_push<kConvMax - 1, KFIX>(win, raw, K);
   }
 }
 
@@ -118,9 +120,9 @@ constexpr int kBlk = 16;      // rows of a diagonal block of the blocked substit
 // Conv + SiLU of channel ch for chunk rows t0 .. t0 + NR - 1 (0 from row L on), conv_rows'
 // arithmetic for each row; the window is loaded for row t0. Raw rows past the call's last row are
 // never read (they only feed rows that are emitted as 0).
-template <int NR, class Emit>
+template <int NR, int KFIX, class Emit>
 __device__ __forceinline__ void conv_rows_from(const PrepArgs& a, int ch, int m0, int t0, int L, Emit&& emit) {
-  const int K = a.K;
+  const int K = KFIX > 0 ? KFIX : a.K;
   const size_t C = a.C;
   float w[kConvMax], win[kConvMax - 1];
 #pragma unroll
@@ -138,12 +140,14 @@ __device__ __forceinline__ void conv_rows_from(const PrepArgs& a, int ch, int m0
   for (int t = 0; t < NR; t++) {
     const int tt = t0 + t;
     const float raw = tt < L ? a.mixed[static_cast<size_t>(m0 + tt) * C + ch] : 0.0f;
-    const float acc = gdn_conv_acc(w, win, wlast, raw, K);
+    const float acc = gdn_conv_acc<kConvMax, KFIX>(w, win, wlast, raw, K);
     emit(tt, tt < L ? silu_f(acc) : 0.0f);
-    gdn_conv_push(win, raw, K);
+    gdn_conv_push<kConvMax - 1, KFIX>(win, raw, K);
   }
 }
 
+// KFIX: 4 where the conv kernel size is 4 (every Qwen3.8 checkpoint), else 0 (any size up to kConvMax).
+template <int KFIX>
 __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const PrepArgs a) {
   pdl_trigger();
   pdl_wait();
@@ -168,7 +172,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const P
     const bool isk = tid >= dk;
     const int j = isk ? tid - dk : tid;
     float* dst = (isk ? Ks : Qs) + j;
-    conv_rows(a, (isk ? a.key_dim : 0) + kh * dk + j, m0, L, [&](int t, float u) { dst[t * ldk] = u; });
+    conv_rows<KFIX>(a, (isk ? a.key_dim : 0) + kh * dk + j, m0, L, [&](int t, float u) { dst[t * ldk] = u; });
   }
   __syncthreads();
   // l2 norms
@@ -265,7 +269,7 @@ __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const P
     for (int it = tid; it < dv * (kC / kBlk); it += kPrepThreads) {
       const int j = it % dv, t0 = kBlk * (it / dv);
       float* dst = Xs + dk + j;
-      conv_rows_from<kBlk>(a, 2 * a.key_dim + hv * dv + j, m0, t0, L,
+      conv_rows_from<kBlk, KFIX>(a, 2 * a.key_dim + hv * dv + j, m0, t0, L,
                            [&](int t, float u) { dst[t * ldx] = __fmul_rn(bes[t], u); });
     }
     __syncthreads();
@@ -668,7 +672,7 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* p) {
 
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st, int recur_warps) {
+                 cudaStream_t st, int recur_warps, bool generic_conv) {
   if (M <= 0) return;
   if (recur_warps != 0 && recur_warps != 4 && recur_warps != 8)
     backend_fail("cuda gdn_chunked: %d warps per recurrence block (4 or 8)", recur_warps);
@@ -689,9 +693,15 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   pa.K = d.conv_kernel;
   pa.Hk = d.n_k_heads;
   // The largest prep footprint (d_k = d_v = 128) is allowed once per device.
-  static std::atomic<uint64_t> prep_set{0};
-  allow_smem(gdn_chunk_prep_kernel, prep_smem_bytes(kMaxD, kMaxD), prep_set);
-  launch_k(gdn_chunk_prep_kernel, dim3(d.n_k_heads, nc), dim3(kPrepThreads), prep_smem_bytes(d.d_k, d.d_v), st, pa);
+  static std::atomic<uint64_t> prep_set4{0}, prep_set{0};
+  const dim3 pgrid(d.n_k_heads, nc);
+  if (d.conv_kernel == 4 && !generic_conv) {
+    allow_smem(gdn_chunk_prep_kernel<4>, prep_smem_bytes(kMaxD, kMaxD), prep_set4);
+    launch_k(gdn_chunk_prep_kernel<4>, pgrid, dim3(kPrepThreads), prep_smem_bytes(d.d_k, d.d_v), st, pa);
+  } else {
+    allow_smem(gdn_chunk_prep_kernel<0>, prep_smem_bytes(kMaxD, kMaxD), prep_set);
+    launch_k(gdn_chunk_prep_kernel<0>, pgrid, dim3(kPrepThreads), prep_smem_bytes(d.d_k, d.d_v), st, pa);
+  }
   QF_CUDA_LAUNCH_CHECK("gdn_chunk_prep_kernel");
   if (d.conv_kernel > 1) {
     launch_k(gdn_chunk_tail_kernel, dim3((C + 255) / 256), dim3(256), 0, st, mixed, tail, C, d.conv_kernel, M);

@@ -30,9 +30,11 @@ GdnChunkScratch gdn_chunk_scratch_layout(const GdnDims& d, int M, float* scratch
 
 // Backend::gdn_chunked for a supported shape; scratch holds gdn_chunk_scratch_floats(d, M).
 // recur_warps: warps per block of the sequential stage, 4 or 8 (the same bits either way; 8 is
-// taken only where d_k is a multiple of 64); 0 = QFLASH_GDN_WARPS, else 8.
+// taken only where d_k is a multiple of 64); 0 = QFLASH_GDN_WARPS, else 8. generic_conv: the
+// parallel stage's conv for any kernel size even where it is 4 (for the tests: the same bits as
+// the compile-time size 4 that runs otherwise).
 void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, const float* conv_w, const float* A_log,
                  const float* dt_bias, const GdnDims& d, float* state, float* y, int M, float* scratch,
-                 cudaStream_t st, int recur_warps = 0);
+                 cudaStream_t st, int recur_warps = 0, bool generic_conv = false);
 
 }  // namespace qf::cuda

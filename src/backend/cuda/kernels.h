@@ -121,7 +121,7 @@ void attention(const float* q, const void* K, const void* V, float* out, int M, 
 // kPrefillV4B (v4 with q and p as one bf16 piece each, half the tensor work; an A/B candidate, its
 // own error bound; v3 where v4 does not apply), kPrefillV5B (v4b's bits, P V(t) and S(t + 1) in
 // flight together), kPrefillEnv = the QFLASH_ATTN_PREFILL switch (v1 | v3 | v4 | v4b | v5b;
-// default v4 since run 39).
+// default v5b since run 66, v4 before).
 enum PrefillVariant : int {
   kPrefillEnv = 0, kPrefillV1 = 1, kPrefillV3 = 3, kPrefillV4 = 4, kPrefillV4B = 5, kPrefillV5B = 6
 };
