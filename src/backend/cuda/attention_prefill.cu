@@ -602,7 +602,7 @@ void launch_prefill_v3(const float* q, const uint16_t* K, const uint16_t* V, flo
   QF_CUDA_LAUNCH_CHECK("attn_prefill_v3_kernel");
 }
 
-// ---- v4 (the default on sm_90a at head_dim 256): warpgroup MMA (wgmma) ---------------------------
+// ---- v4 (sm_90a, head_dim 256; v4b and v5b build on it): warpgroup MMA (wgmma) ------------------
 //
 // Why: v1/v3 issue one mma.sync m16n8k16 plus its ldmatrix fragment reads per 4 KFLOP; at the
 // 27B shape their warps spend their issue slots on that stream (Nsight, run 27: ~1 instruction per
