@@ -207,6 +207,26 @@ void poison(Backend* be, void* p, size_t bytes) {
 }
 const StepMeta* dmeta(const DeviceBuffer& b) { return reinterpret_cast<const StepMeta*>(b.get()); }
 
+// The whole prompt (M rows, n output floats) through each variant in turn, on a stream of its own,
+// into a NaN-poisoned output; outs gets each variant's output.
+void run_variants(Backend* G, std::initializer_list<int> variants, const DeviceBuffer& dq, const DeviceBuffer& dK,
+                  const DeviceBuffer& dV, const DeviceBuffer& dm, int M, const AttnParams& p, size_t n,
+                  const std::string& tag, std::vector<std::vector<float>>* outs) {
+  for (int variant : variants) {
+    DeviceBuffer dout(G, n * 4);
+    poison(G, dout.get(), dout.bytes());
+    G->sync();
+    cudaStream_t cs = nullptr;
+    ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+    ASSERT_TRUE(cuda::attention_prefill(static_cast<const float*>(dq.get()), dK.get(), dV.get(), dout.f(), M, p,
+                                        dmeta(dm), cs, variant))
+        << tag;
+    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs)) << tag << " variant " << variant;
+    cudaStreamDestroy(cs);
+    outs->push_back(down<float>(G, dout.get(), n));
+  }
+}
+
 TEST(CudaKvBf16, KvWriteMatchesCpuBitForBit) {
   NEED_GPU();
   const int width = 1024, M = 9, cap = 40;
@@ -420,6 +440,39 @@ TEST(CudaAttentionPrefill, RowAndSplitInvariantBitForBit) {
   }
 }
 
+// Two variants that must give the same bits (B computes A's operations in A's order) on each case:
+// the whole prompt through each, no NaN, every element equal. need_v3: every case must have v3's own
+// kernel (none falls back to v1, which would pass trivially). Inputs from seed0 + nh * seed_nh + M.
+template <size_t N>
+void expect_same_bits(Backend* G, const PrefillCase (&cases)[N], uint64_t seed0, uint64_t seed_nh, int va, int vb,
+                      const char* na, const char* nb, bool need_v3) {
+  for (const PrefillCase& c : cases) {
+    const AttnParams p = params(c.nh, c.nkv, c.hd, c.causal, c.window, DType::BF16);
+    const std::string tag = "nh=" + std::to_string(c.nh) + " nkv=" + std::to_string(c.nkv) +
+                            " hd=" + std::to_string(c.hd) + " past=" + std::to_string(c.past) +
+                            " M=" + std::to_string(c.M) + " window=" + std::to_string(c.window) + (c.causal ? "" : " non-causal");
+    if (need_v3) {
+      ASSERT_TRUE(cuda::attention_prefill_v3_applies(p)) << tag;
+    }
+    const int kvw = c.nkv * c.hd, nkeys = c.past + c.M;
+    const uint64_t seed = seed0 + static_cast<uint64_t>(c.nh) * seed_nh + c.M;
+    const auto Kh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed, 1.5f));
+    const auto Vh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed + 1));
+    // wide scores: many probabilities underflow to 0, rows with one dominant key
+    const auto q = randv(static_cast<size_t>(c.M) * c.nh * c.hd, seed + 2, 2.0f);
+    const StepMeta meta{c.kv_pos0 + c.past, c.kv_pos0, nkeys, 0};
+    DeviceBuffer dK = up(G, Kh), dV = up(G, Vh), dq = up(G, q), dm = up(G, std::vector<StepMeta>{meta});
+    std::vector<std::vector<float>> outs;
+    ASSERT_NO_FATAL_FAILURE(run_variants(G, {va, vb}, dq, dK, dV, dm, c.M, p, q.size(), tag, &outs));
+    const size_t rowf = static_cast<size_t>(c.nh) * c.hd;
+    for (size_t i = 0; i < outs[0].size(); i++) ASSERT_FALSE(std::isnan(outs[0][i])) << tag << " " << na << " element " << i;
+    for (size_t i = 0; i < outs[0].size(); i++)
+      ASSERT_EQ(0, std::memcmp(&outs[1][i], &outs[0][i], 4))
+          << tag << ": " << nb << " differs from " << na << " at row " << i / rowf << " element " << i % rowf << " ("
+          << outs[1][i] << " vs " << outs[0][i] << ")";
+  }
+}
+
 // The prefill kernel's v3 (QFLASH_ATTN_PREFILL=v3: two key tiles per double-buffered stage, see
 // attention_prefill.cu) computes each element with v1's operations in v1's order, so the outputs
 // must be equal byte for byte: the 27B's head_dim 256 with 6 q heads per kv head, the small models'
@@ -444,40 +497,7 @@ TEST(CudaAttentionPrefill, V3MatchesV1BitForBit) {
       {4, 2, 64, false, 9, 22, 30, 78},       // non-causal window (the drafter's geometry)
       {8, 8, 128, false, 0, 130, 40, 0},      // non-causal, MHA
   };
-  for (const PrefillCase& c : cases) {
-    const AttnParams p = params(c.nh, c.nkv, c.hd, c.causal, c.window, DType::BF16);
-    const std::string tag = "nh=" + std::to_string(c.nh) + " nkv=" + std::to_string(c.nkv) +
-                            " hd=" + std::to_string(c.hd) + " past=" + std::to_string(c.past) +
-                            " M=" + std::to_string(c.M) + " window=" + std::to_string(c.window) + (c.causal ? "" : " non-causal");
-    // every shape above has its own v3 kernel (none falls back to v1, which would pass trivially)
-    ASSERT_TRUE(cuda::attention_prefill_v3_applies(p)) << tag;
-    const int kvw = c.nkv * c.hd, nkeys = c.past + c.M;
-    const uint64_t seed = 41 + static_cast<uint64_t>(c.nh) * 7 + c.M;
-    const auto Kh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed, 1.5f));
-    const auto Vh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed + 1));
-    // wide scores: many probabilities underflow to 0, rows with one dominant key
-    const auto q = randv(static_cast<size_t>(c.M) * c.nh * c.hd, seed + 2, 2.0f);
-    const StepMeta meta{c.kv_pos0 + c.past, c.kv_pos0, nkeys, 0};
-    DeviceBuffer dK = up(G, Kh), dV = up(G, Vh), dq = up(G, q), dm = up(G, std::vector<StepMeta>{meta});
-    std::vector<std::vector<float>> outs;
-    for (int variant : {cuda::kPrefillV1, cuda::kPrefillV3}) {
-      DeviceBuffer dout(G, q.size() * 4);
-      poison(G, dout.get(), dout.bytes());
-      G->sync();
-      cudaStream_t cs = nullptr;
-      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
-      ASSERT_TRUE(cuda::attention_prefill(dq.f(), dK.get(), dV.get(), dout.f(), c.M, p, dmeta(dm), cs, variant)) << tag;
-      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs)) << tag << " variant " << variant;
-      cudaStreamDestroy(cs);
-      outs.push_back(down<float>(G, dout.get(), q.size()));
-    }
-    for (size_t i = 0; i < outs[0].size(); i++) ASSERT_FALSE(std::isnan(outs[0][i])) << tag << " v1 element " << i;
-    const size_t rowf = static_cast<size_t>(c.nh) * c.hd;
-    for (size_t i = 0; i < outs[0].size(); i++)
-      ASSERT_EQ(0, std::memcmp(&outs[1][i], &outs[0][i], 4))
-          << tag << ": v3 differs from v1 at row " << i / rowf << " element " << i % rowf << " (" << outs[1][i]
-          << " vs " << outs[0][i] << ")";
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_same_bits(G, cases, 41, 7, cuda::kPrefillV1, cuda::kPrefillV3, "v1", "v3", true));
 }
 
 // v4 (QFLASH_ATTN_PREFILL=v4: wgmma on sm_90a, attention_prefill.cu) has bits of its own: against
@@ -592,36 +612,7 @@ TEST(CudaAttentionPrefill, V5bEqualsV4bBitForBit) {
       {24, 4, 256, true, 96, 500, 200, 0},  // sliding window
       {8, 4, 256, false, 0, 130, 40, 0},    // non-causal
   };
-  for (const PrefillCase& c : cases) {
-    const AttnParams p = params(c.nh, c.nkv, c.hd, c.causal, c.window, DType::BF16);
-    const std::string tag = "nh=" + std::to_string(c.nh) + " past=" + std::to_string(c.past) + " M=" +
-                            std::to_string(c.M) + " window=" + std::to_string(c.window) + (c.causal ? "" : " non-causal");
-    const int kvw = c.nkv * c.hd, nkeys = c.past + c.M;
-    const uint64_t seed = 91 + static_cast<uint64_t>(c.nh) * 3 + c.M;
-    const auto Kh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed, 1.5f));
-    const auto Vh = to_bf16(randv(static_cast<size_t>(nkeys) * kvw, seed + 1));
-    const auto q = randv(static_cast<size_t>(c.M) * c.nh * c.hd, seed + 2, 2.0f);
-    const StepMeta meta{c.kv_pos0 + c.past, c.kv_pos0, nkeys, 0};
-    DeviceBuffer dK = up(G, Kh), dV = up(G, Vh), dq = up(G, q), dm = up(G, std::vector<StepMeta>{meta});
-    std::vector<std::vector<float>> outs;
-    for (int variant : {cuda::kPrefillV4B, cuda::kPrefillV5B}) {
-      DeviceBuffer dout(G, q.size() * 4);
-      poison(G, dout.get(), dout.bytes());
-      G->sync();
-      cudaStream_t cs = nullptr;
-      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
-      ASSERT_TRUE(cuda::attention_prefill(dq.f(), dK.get(), dV.get(), dout.f(), c.M, p, dmeta(dm), cs, variant)) << tag;
-      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs)) << tag << " variant " << variant;
-      cudaStreamDestroy(cs);
-      outs.push_back(down<float>(G, dout.get(), q.size()));
-    }
-    const size_t rowf = static_cast<size_t>(c.nh) * c.hd;
-    for (size_t i = 0; i < outs[0].size(); i++) ASSERT_FALSE(std::isnan(outs[0][i])) << tag << " element " << i;
-    for (size_t i = 0; i < outs[0].size(); i++)
-      ASSERT_EQ(0, std::memcmp(&outs[1][i], &outs[0][i], 4))
-          << tag << ": v5b differs from v4b at row " << i / rowf << " element " << i % rowf << " (" << outs[1][i]
-          << " vs " << outs[0][i] << ")";
-  }
+  ASSERT_NO_FATAL_FAILURE(expect_same_bits(G, cases, 91, 3, cuda::kPrefillV4B, cuda::kPrefillV5B, "v4b", "v5b", false));
   check_v4_form(G, cuda::kPrefillV5B);
 }
 

@@ -662,6 +662,34 @@ TEST(CudaGdnChunked, MatchesGdnRowsAfterDecodeSteps) {
     }
 }
 
+// cuda::gdn_chunked on a stream of its own, from the inputs' state into a NaN-filled output and
+// scratch, over rows [cuts[0], cuts[1]), [cuts[1], cuts[2]), ... in that many calls; appends y, the
+// state and the scratch (the last call's intermediates) to ys, ss and *scr.
+void run_on_stream(Backend* G, const Inputs& in, const DevInputs& di, std::initializer_list<int> cuts, int warps,
+                   bool generic_conv, std::vector<std::vector<float>>* ys, std::vector<std::vector<float>>* ss,
+                   std::vector<float>* scr) {
+  const GdnDims& d = in.d;
+  const size_t C = d.conv_dim(), Hv = d.n_v_heads, VD = d.value_dim();
+  const size_t nsc = cuda::gdn_chunk_scratch_floats(d, in.M);
+  DeviceBuffer st, y;
+  fresh(G, in, st, y);
+  DeviceBuffer sc = DevInputs::up(G, std::vector<float>(nsc, NAN));
+  G->sync();
+  cudaStream_t cs = nullptr;
+  ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+  const std::vector<int> cut(cuts);
+  for (size_t i = 0; i + 1 < cut.size(); i++) {
+    const int r0 = cut[i], r1 = cut[i + 1];
+    cuda::gdn_chunked(di.mixed.f() + r0 * C, di.alpha.f() + r0 * Hv, di.beta.f() + r0 * Hv, di.conv.f(), di.A_log.f(),
+                      di.dt.f(), d, st.f(), y.f() + r0 * VD, r1 - r0, sc.f(), cs, warps, generic_conv);
+  }
+  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
+  cudaStreamDestroy(cs);
+  ys->push_back(down(G, y, static_cast<size_t>(in.M) * VD));
+  ss->push_back(down(G, st, d.state_floats()));
+  *scr = down(G, sc, nsc);
+}
+
 // The sequential stage with 4 or 8 warps per block: the same bits (each element's products and
 // their order do not depend on which warp computes them), on the 27B heads and the small shapes
 // (d_k 96 always runs 4 warps: the check there is that the choice falls back), over several chunks.
@@ -671,21 +699,11 @@ TEST(CudaGdnChunked, WarpCountsAgreeBitForBit) {
     const int M = 259;
     const Inputs in = make_inputs(d, M, Decay::Mixed, 313);
     DevInputs di(G, in);
-    const size_t ny = static_cast<size_t>(M) * d.value_dim(), nsc = cuda::gdn_chunk_scratch_floats(d, M);
+    const size_t ny = static_cast<size_t>(M) * d.value_dim();
     std::vector<std::vector<float>> ys, ss;
     for (int warps : {4, 8}) {
-      DeviceBuffer st, y;
-      fresh(G, in, st, y);
-      DeviceBuffer scr = DevInputs::up(G, std::vector<float>(nsc, NAN));
-      G->sync();
-      cudaStream_t cs = nullptr;
-      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
-      cuda::gdn_chunked(di.mixed.f(), di.alpha.f(), di.beta.f(), di.conv.f(), di.A_log.f(), di.dt.f(), d, st.f(), y.f(),
-                        M, scr.f(), cs, warps);
-      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
-      cudaStreamDestroy(cs);
-      ys.push_back(down(G, y, ny));
-      ss.push_back(down(G, st, d.state_floats()));
+      std::vector<float> scr;
+      ASSERT_NO_FATAL_FAILURE(run_on_stream(G, in, di, {0, M}, warps, false, &ys, &ss, &scr));
     }
     const std::string tag = tag_of(d, M, Decay::Mixed);
     for (float v : ys[0]) ASSERT_FALSE(std::isnan(v)) << tag << ": an output row was not written";
@@ -704,24 +722,11 @@ TEST(CudaGdnChunked, FixedConvSizeEqualsAnySizeBitForBit) {
     const int M = 259, A = 128;
     const Inputs in = make_inputs(d, M, Decay::Mixed, 717);
     DevInputs di(G, in);
-    const size_t C = d.conv_dim(), Hv = d.n_v_heads, VD = d.value_dim();
-    const size_t ny = static_cast<size_t>(M) * VD, nsc = cuda::gdn_chunk_scratch_floats(d, M);
+    const size_t ny = static_cast<size_t>(M) * d.value_dim(), nsc = cuda::gdn_chunk_scratch_floats(d, M);
     std::vector<std::vector<float>> ys, ss, scs;
     for (bool generic : {false, true}) {
-      DeviceBuffer st, y;
-      fresh(G, in, st, y);
-      DeviceBuffer scr = DevInputs::up(G, std::vector<float>(nsc, NAN));
-      G->sync();
-      cudaStream_t cs = nullptr;
-      ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
-      for (auto [r0, r1] : {std::pair<int, int>{0, A}, std::pair<int, int>{A, M}})
-        cuda::gdn_chunked(di.mixed.f() + r0 * C, di.alpha.f() + r0 * Hv, di.beta.f() + r0 * Hv, di.conv.f(),
-                          di.A_log.f(), di.dt.f(), d, st.f(), y.f() + r0 * VD, r1 - r0, scr.f(), cs, 0, generic);
-      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
-      cudaStreamDestroy(cs);
-      ys.push_back(down(G, y, ny));
-      ss.push_back(down(G, st, d.state_floats()));
-      scs.push_back(down(G, scr, nsc));
+      scs.emplace_back();
+      ASSERT_NO_FATAL_FAILURE(run_on_stream(G, in, di, {0, A, M}, 0, generic, &ys, &ss, &scs.back()));
     }
     const std::string tag = tag_of(d, M, Decay::Mixed);
     for (float v : ys[0]) ASSERT_FALSE(std::isnan(v)) << tag << ": an output row was not written";
