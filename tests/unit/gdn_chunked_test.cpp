@@ -662,32 +662,29 @@ TEST(CudaGdnChunked, MatchesGdnRowsAfterDecodeSteps) {
     }
 }
 
-// cuda::gdn_chunked on a stream of its own, from the inputs' state into a NaN-filled output and
-// scratch, over rows [cuts[0], cuts[1]), [cuts[1], cuts[2]), ... in that many calls; appends y, the
-// state and the scratch (the last call's intermediates) to ys, ss and *scr.
-void run_on_stream(Backend* G, const Inputs& in, const DevInputs& di, std::initializer_list<int> cuts, int warps,
-                   bool generic_conv, std::vector<std::vector<float>>* ys, std::vector<std::vector<float>>* ss,
-                   std::vector<float>* scr) {
+// One gdn_chunked call on the device: y, the state
+// blob and the scratch intermediates, from a fresh copy of the inputs' state (or `state0`), rows
+// [r0, r1) of the inputs; warps and generic_conv as cuda::gdn_chunked takes them.
+struct PrepRun {
+  std::vector<float> y, state, scratch;
+};
+PrepRun run_prep(Backend* G, const Inputs& in, const DevInputs& di, int r0, int r1,
+                 const std::vector<float>* state0 = nullptr, int warps = 0, bool generic_conv = false) {
   const GdnDims& d = in.d;
-  const size_t C = d.conv_dim(), Hv = d.n_v_heads, VD = d.value_dim();
-  const size_t nsc = cuda::gdn_chunk_scratch_floats(d, in.M);
-  DeviceBuffer st, y;
-  fresh(G, in, st, y);
-  DeviceBuffer sc = DevInputs::up(G, std::vector<float>(nsc, NAN));
+  const int M = r1 - r0;
+  const size_t C = d.conv_dim(), Hv = d.n_v_heads, ny = static_cast<size_t>(M) * d.value_dim();
+  const size_t nsc = cuda::gdn_chunk_scratch_floats(d, M);
+  DeviceBuffer st = DevInputs::up(G, state0 ? *state0 : in.state);
+  DeviceBuffer y = DevInputs::up(G, std::vector<float>(ny, NAN));
+  DeviceBuffer scr = DevInputs::up(G, std::vector<float>(nsc, NAN));
   G->sync();
   cudaStream_t cs = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaStreamCreate(&cs));
-  const std::vector<int> cut(cuts);
-  for (size_t i = 0; i + 1 < cut.size(); i++) {
-    const int r0 = cut[i], r1 = cut[i + 1];
-    cuda::gdn_chunked(di.mixed.f() + r0 * C, di.alpha.f() + r0 * Hv, di.beta.f() + r0 * Hv, di.conv.f(), di.A_log.f(),
-                      di.dt.f(), d, st.f(), y.f() + r0 * VD, r1 - r0, sc.f(), cs, warps, generic_conv);
-  }
-  ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
+  EXPECT_EQ(cudaSuccess, cudaStreamCreate(&cs));
+  cuda::gdn_chunked(di.mixed.f() + r0 * C, di.alpha.f() + r0 * Hv, di.beta.f() + r0 * Hv, di.conv.f(), di.A_log.f(),
+                    di.dt.f(), d, st.f(), y.f(), M, scr.f(), cs, warps, generic_conv);
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
   cudaStreamDestroy(cs);
-  ys->push_back(down(G, y, static_cast<size_t>(in.M) * VD));
-  ss->push_back(down(G, st, d.state_floats()));
-  *scr = down(G, sc, nsc);
+  return {down(G, y, ny), down(G, st, d.state_floats()), down(G, scr, nsc)};
 }
 
 // The sequential stage with 4 or 8 warps per block: the same bits (each element's products and
@@ -702,8 +699,9 @@ TEST(CudaGdnChunked, WarpCountsAgreeBitForBit) {
     const size_t ny = static_cast<size_t>(M) * d.value_dim();
     std::vector<std::vector<float>> ys, ss;
     for (int warps : {4, 8}) {
-      std::vector<float> scr;
-      ASSERT_NO_FATAL_FAILURE(run_on_stream(G, in, di, {0, M}, warps, false, &ys, &ss, &scr));
+      PrepRun r = run_prep(G, in, di, 0, M, nullptr, warps);
+      ys.push_back(std::move(r.y));
+      ss.push_back(std::move(r.state));
     }
     const std::string tag = tag_of(d, M, Decay::Mixed);
     for (float v : ys[0]) ASSERT_FALSE(std::isnan(v)) << tag << ": an output row was not written";
@@ -722,18 +720,22 @@ TEST(CudaGdnChunked, FixedConvSizeEqualsAnySizeBitForBit) {
     const int M = 259, A = 128;
     const Inputs in = make_inputs(d, M, Decay::Mixed, 717);
     DevInputs di(G, in);
-    const size_t ny = static_cast<size_t>(M) * d.value_dim(), nsc = cuda::gdn_chunk_scratch_floats(d, M);
+    const size_t ny = static_cast<size_t>(M) * d.value_dim();
     std::vector<std::vector<float>> ys, ss, scs;
-    for (bool generic : {false, true}) {
-      scs.emplace_back();
-      ASSERT_NO_FATAL_FAILURE(run_on_stream(G, in, di, {0, A, M}, 0, generic, &ys, &ss, &scs.back()));
+    for (bool generic : {false, true}) {  // rows [0, A), then [A, M) from the state the first left
+      PrepRun r1 = run_prep(G, in, di, 0, A, nullptr, 0, generic);
+      PrepRun r2 = run_prep(G, in, di, A, M, &r1.state, 0, generic);
+      r1.y.insert(r1.y.end(), r2.y.begin(), r2.y.end());
+      ys.push_back(std::move(r1.y));
+      ss.push_back(std::move(r2.state));
+      scs.push_back(std::move(r2.scratch));
     }
     const std::string tag = tag_of(d, M, Decay::Mixed);
     for (float v : ys[0]) ASSERT_FALSE(std::isnan(v)) << tag << ": an output row was not written";
     ASSERT_EQ(0, std::memcmp(ys[0].data(), ys[1].data(), ny * sizeof(float))) << tag << ": y, fixed vs any conv size";
     ASSERT_EQ(0, std::memcmp(ss[0].data(), ss[1].data(), ss[0].size() * sizeof(float))) << tag << ": state";
     // the scratch holds the second call's intermediates (rows past its last row: NaN in both or 0)
-    for (size_t i = 0; i < nsc; i++) {
+    for (size_t i = 0; i < scs[0].size(); i++) {
       if (!(std::isnan(scs[0][i]) && std::isnan(scs[1][i]))) {
         ASSERT_EQ(0, std::memcmp(&scs[0][i], &scs[1][i], sizeof(float))) << tag << ": scratch element " << i;
       }
@@ -805,31 +807,6 @@ void parallel_stage_matches_formulas(Backend* G) {
 TEST(CudaGdnChunked, ParallelStageMatchesFormulas) {
   NEED_GPU();
   parallel_stage_matches_formulas(G);
-}
-
-// One gdn_chunked call on the device: y, the state
-// blob and the scratch intermediates, from a fresh copy of the inputs' state (or `state0`), rows
-// [r0, r1) of the inputs.
-struct PrepRun {
-  std::vector<float> y, state, scratch;
-};
-PrepRun run_prep(Backend* G, const Inputs& in, const DevInputs& di, int r0, int r1,
-                 const std::vector<float>* state0 = nullptr) {
-  const GdnDims& d = in.d;
-  const int M = r1 - r0;
-  const size_t C = d.conv_dim(), Hv = d.n_v_heads, ny = static_cast<size_t>(M) * d.value_dim();
-  const size_t nsc = cuda::gdn_chunk_scratch_floats(d, M);
-  DeviceBuffer st = DevInputs::up(G, state0 ? *state0 : in.state);
-  DeviceBuffer y = DevInputs::up(G, std::vector<float>(ny, NAN));
-  DeviceBuffer scr = DevInputs::up(G, std::vector<float>(nsc, NAN));
-  G->sync();
-  cudaStream_t cs = nullptr;
-  EXPECT_EQ(cudaSuccess, cudaStreamCreate(&cs));
-  cuda::gdn_chunked(di.mixed.f() + r0 * C, di.alpha.f() + r0 * Hv, di.beta.f() + r0 * Hv, di.conv.f(), di.A_log.f(),
-                    di.dt.f(), d, st.f(), y.f(), M, scr.f(), cs);
-  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(cs));
-  cudaStreamDestroy(cs);
-  return {down(G, y, ny), down(G, st, d.state_floats()), down(G, scr, nsc)};
 }
 
 // The whole chunked form on the 27B heads, the small test models' shapes and d_k < d_v; M not a

@@ -11,12 +11,8 @@
 #          figure), verify 8 / decode (<= 1.20)
 #   p128k  a 131,072-token prompt, op timings: time and peak GPU memory
 cd "$(dirname "$0")/../.."
-T0=$(date +%s); left() { echo $(( ${BUDGET:-570} - ($(date +%s) - T0) )); }
-to() { local l=$(left); (( l < 5 )) && l=5; (( $1 < l )) && echo $1 || echo $l; }
-B=/tmp/qflash_session_bin
-rm -rf $B && mkdir -p $B && tar -C $B --strip-components=1 -xJf gpu/bin.tar.xz || exit 2
+source tools/device/call_lib.sh
 O=${OUT:-/tmp}/i12; mkdir -p $O
-echo "bundle $(cat $B/COMMIT)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 T=tests/fixtures/configs/qwen38_27b/config.json D=tests/fixtures/configs/dflash2_27b/config.json
 run() {  # name seconds args...
   local n=$1 s=$2; shift 2

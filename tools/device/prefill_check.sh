@@ -8,14 +8,8 @@
 # default v4b) and, if time is left, Nsight Compute on the GDN kernels ($OUT/gdn_source.csv.gz).
 # Every step is cut to what is left of BUDGET (default 570 s).
 cd "$(dirname "$0")/../.."
-T0=$(date +%s); left() { echo $(( ${BUDGET:-570} - ($(date +%s) - T0) )); }
-to() { local l=$(left); (( l < 5 )) && l=5; (( $1 < l )) && echo $1 || echo $l; }
-B=/tmp/qflash_session_bin
-rm -rf $B && mkdir -p $B && tar -C $B --strip-components=1 -xJf gpu/bin.tar.xz
-S=$(cat $B/SOURCE_DIR); [[ -n "$S" && ! -e "$S" ]] && mkdir -p "$(dirname "$S")" && ln -s "$PWD" "$S"
+source tools/device/call_lib.sh
 mkdir -p $OUT/x; X=$OUT/x
-echo "bundle $(cat $B/COMMIT)"
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 QFLASH_TOL_REPORT=1 timeout $(to 150) $B/qflash_tests --gtest_filter='CudaGemm.Kept*:CudaAttentionPrefill.*:Backends/PrefillLogits.*/cuda' --gtest_color=no > $X/t_default.log 2>&1
 echo "== default rc=$? t=$(( $(date +%s) - T0 ))"; grep -h '^\[tol\]\|\[ tol \]\|FAILED\|PASSED\|Failure' $X/t_default.log | head -40
 for v in v4b v5b; do
