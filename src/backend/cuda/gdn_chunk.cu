@@ -42,6 +42,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -98,6 +99,33 @@ __device__ __forceinline__ void conv_rows(const PrepArgs& a, int ch, int m0, int
     const float raw = t < L ? a.mixed[static_cast<size_t>(m0 + t) * C + ch] : 0.0f;
     const float acc = gdn_conv_acc<kConvMax, KFIX>(w, win, wlast, raw, K);
     emit(t, t < L ? silu_f(acc) : 0.0f);
+    gdn_conv_push<kConvMax - 1, KFIX>(win, raw, K);
+  }
+}
+
+// conv_rows for a channel whose raw rows are already in shared memory (col[t * ld], t < 64; rows
+// from L on hold 0): the same arithmetic in place, each row read before it is overwritten. The
+// window before row 0 comes from [tail | mixed] as in conv_rows.
+template <int KFIX>
+__device__ __forceinline__ void conv_rows_in_place(const PrepArgs& a, int ch, int m0, int L, float* col, int ld) {
+  static_assert(KFIX > 0, "the staged form takes a compile-time conv size");
+  constexpr int K = KFIX;
+  const size_t C = a.C;
+  float w[kConvMax], win[kConvMax - 1];
+#pragma unroll
+  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? a.conv_w[static_cast<size_t>(ch) * K + j] : 0.0f;
+  const float wlast = a.conv_w[static_cast<size_t>(ch) * K + K - 1];
+#pragma unroll
+  for (int j = 0; j < kConvMax - 1; j++) {
+    const int m = m0 - (K - 1) + j;
+    win[j] = 0.0f;
+    if (j < K - 1) win[j] = m >= 0 ? a.mixed[static_cast<size_t>(m) * C + ch] : a.tail[static_cast<size_t>(K - 1 + m) * C + ch];
+  }
+#pragma unroll
+  for (int t = 0; t < kC; t++) {
+    const float raw = t < L ? col[t * ld] : 0.0f;
+    const float acc = gdn_conv_acc<kConvMax, KFIX>(w, win, wlast, raw, K);
+    col[t * ld] = t < L ? silu_f(acc) : 0.0f;
     gdn_conv_push<kConvMax - 1, KFIX>(win, raw, K);
   }
 }
@@ -168,7 +196,31 @@ __global__ void __launch_bounds__(kPrepThreads, 2) gdn_chunk_prep_kernel(const P
   float* Mg = Xs + kC * max(2 * ldk, ldx);  // [64, kLdM] k_t . k_s at [t][s], s < t; q_t . k_s at [s][t], s <= t
   float* As = Mg + kC * kLdM;               // [64, kLdA]
 
-  if (tid < 2 * dk) {
+  if constexpr (KFIX > 0) {
+    // The chunk's raw q and k rows of this key head into Q and K with cp.async (the launcher takes
+    // this form only where every row and channel offset is 16-byte aligned), rows from L on zero;
+    // then each thread convolves its channel in place. Profile run 66: the conv's raw-row loads,
+    // one 4-byte load per row and thread, were the kernel's largest memory stall.
+    const int per = dk / 4;
+    for (int e = tid; e < 2 * kC * per; e += kPrepThreads) {
+      const int r = e / per, c4 = (e - r * per) * 4;
+      const bool isk = r >= kC;
+      const int t = isk ? r - kC : r;
+      float* dst = (isk ? Ks : Qs) + t * ldk + c4;
+      if (t < L)
+        cp_async16(smem_u32(dst), a.mixed + static_cast<size_t>(m0 + t) * a.C + (isk ? a.key_dim : 0) + kh * dk + c4, 16);
+      else
+        *reinterpret_cast<float4*>(dst) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    if (tid < 2 * dk) {
+      const bool isk = tid >= dk;
+      const int j = isk ? tid - dk : tid;
+      conv_rows_in_place<KFIX>(a, (isk ? a.key_dim : 0) + kh * dk + j, m0, L, (isk ? Ks : Qs) + j, ldk);
+    }
+  } else if (tid < 2 * dk) {
     const bool isk = tid >= dk;
     const int j = isk ? tid - dk : tid;
     float* dst = (isk ? Ks : Qs) + j;
@@ -695,7 +747,10 @@ void gdn_chunked(const float* mixed, const float* alpha, const float* beta_in, c
   // The largest prep footprint (d_k = d_v = 128) is allowed once per device.
   static std::atomic<uint64_t> prep_set4{0}, prep_set{0};
   const dim3 pgrid(d.n_k_heads, nc);
-  if (d.conv_kernel == 4 && !generic_conv) {
+  // The staged form of <4> copies rows of `mixed` in 16-byte pieces: rows and channel offsets
+  // must be 16-byte aligned.
+  const bool aligned = reinterpret_cast<uintptr_t>(mixed) % 16 == 0 && C % 4 == 0 && d.d_k % 4 == 0;
+  if (d.conv_kernel == 4 && aligned && !generic_conv) {
     allow_smem(gdn_chunk_prep_kernel<4>, prep_smem_bytes(kMaxD, kMaxD), prep_set4);
     launch_k(gdn_chunk_prep_kernel<4>, pgrid, dim3(kPrepThreads), prep_smem_bytes(d.d_k, d.d_v), st, pa);
   } else {
