@@ -1044,6 +1044,15 @@ bool attention_prefill_v4_applies(const AttnParams& p) {
   return hopper && kV4Smem <= smem_optin();
 }
 
+int attention_prefill_runs(const AttnParams& p, int variant) {
+  if (variant == kPrefillEnv) variant = prefill_variant_env();
+  const bool wg = variant == kPrefillV4 || variant == kPrefillV4B || variant == kPrefillV5B;
+  if (wg && attention_prefill_v4_applies(p)) return variant;
+  if (wg) variant = kPrefillV3;  // shapes v4 does not cover
+  if (variant == kPrefillV3 && attention_prefill_v3_applies(p)) return kPrefillV3;
+  return kPrefillV1;
+}
+
 bool attention_prefill(const float* q, const void* K, const void* V, float* out, int M, const AttnParams& p,
                        const StepMeta* meta, cudaStream_t st, int variant) {
   if (M <= 0 || p.n_heads <= 0) return true;
@@ -1058,9 +1067,8 @@ bool attention_prefill(const float* q, const void* K, const void* V, float* out,
   G.n_qtiles = (M + G.bq - 1) / G.bq;
   const auto* k16 = static_cast<const uint16_t*>(K);
   const auto* v16 = static_cast<const uint16_t*>(V);
-  if (variant == kPrefillEnv) variant = prefill_variant_env();
-  const bool wg = variant == kPrefillV4 || variant == kPrefillV4B || variant == kPrefillV5B;
-  if (wg && attention_prefill_v4_applies(p)) {
+  variant = attention_prefill_runs(p, variant);
+  if (variant == kPrefillV4 || variant == kPrefillV4B || variant == kPrefillV5B) {
     G.hb = 2;
     G.bq = 64;
     G.n_qtiles = (M + 63) / 64;
@@ -1072,8 +1080,7 @@ bool attention_prefill(const float* q, const void* K, const void* V, float* out,
       launch_prefill_v5b(q, k16, v16, out, G, meta, st);
     return true;
   }
-  if (wg) variant = kPrefillV3;  // shapes v4 does not cover
-  if (variant == kPrefillV3 && attention_prefill_v3_applies(p)) {
+  if (variant == kPrefillV3) {
     switch (p.head_dim) {
       case 64: launch_prefill_v3<64>(q, k16, v16, out, G, meta, st); break;
       case 128: launch_prefill_v3<128>(q, k16, v16, out, G, meta, st); break;

@@ -134,6 +134,10 @@ bool attention_prefill_v3_applies(const AttnParams& p);
 // Whether kPrefillV4 (wgmma, sm_90a) runs its own kernel for these parameters (head_dim 256, an even
 // q-head group, bf16 K/V, a compute capability 9.0 device and a build with sm_90a); else v3 runs.
 bool attention_prefill_v4_applies(const AttnParams& p);
+// The kernel attention_prefill runs for these parameters when asked for `variant` (kPrefillEnv: the
+// QFLASH_ATTN_PREFILL switch): kPrefillV1, kPrefillV3, kPrefillV4, kPrefillV4B or kPrefillV5B. Tests
+// use it to hold a result to the error bound of the kernel that made it.
+int attention_prefill_runs(const AttnParams& p, int variant = kPrefillEnv);
 
 // ---- gated DeltaNet (gdn.cu) ----------------------------------------------------------------
 size_t gdn_scratch_floats(const GdnDims& d, int M);
