@@ -26,19 +26,24 @@ DFlash2Drafter::DFlash2Drafter() : graph_id_(next_graph_owner_id()) {}
 
 std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, TargetModel& t) {
   return load(dir, t.config(), &t.backend(), t.embed_weight(), t.lm_head_weight(), t.max_rows(), 0,
-              t.weights().options());
+              t.weights().options(), t.kv_dtype());
 }
 
 std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, const TargetConfig& tc, Backend* be,
                                                      const WeightRef& embed, const WeightRef& lm_head, int max_rows,
-                                                     uint64_t synthetic_seed, const WeightOptions& w) {
+                                                     uint64_t synthetic_seed, const WeightOptions& w,
+                                                     DType kv_dtype) {
   DrafterConfig cfg = load_drafter_config(dir);
+  if (kv_dtype != DType::F32 && kv_dtype != DType::BF16)
+    fail(ErrorKind::Usage, "drafter %s: context K/V dtype code %d (F32 or BF16 expected)", dir.c_str(),
+         static_cast<int>(kv_dtype));
   check_drafter_pair(cfg, tc);  // before any weights file is opened
   std::unique_ptr<DFlash2Drafter> d(new DFlash2Drafter());
   d->cfg_ = cfg;
   d->be_ = be;
   d->embed_ = embed;
   d->lm_head_ = lm_head;
+  d->kv_dtype_ = kv_dtype;
   if (synthetic_seed) {
     d->ws_ = std::make_unique<WeightSet>(d->be_, synthetic_seed, w);
   } else {
@@ -76,8 +81,9 @@ std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load(const std::string& dir, con
     L.gate = ws.matrix(p + "mlp.gate_proj.weight", I, H);
     L.up = ws.matrix(p + "mlp.up_proj.weight", I, H);
     L.down = ws.matrix(p + "mlp.down_proj.weight", H, I);
-    L.kctx = fbuf(d->be_, static_cast<size_t>(d->cap_) * nkv * hd);
-    L.vctx = fbuf(d->be_, static_cast<size_t>(d->cap_) * nkv * hd);
+    const size_t kv_bytes = static_cast<size_t>(d->cap_) * nkv * hd * dtype_size(kv_dtype);
+    L.kctx = DeviceBuffer(d->be_, kv_bytes);
+    L.vctx = DeviceBuffer(d->be_, kv_bytes);
     d->layers_.push_back(std::move(L));
   }
   if (cfg.is_v2) d->load_v2_weights(H, V);
@@ -148,7 +154,7 @@ void DFlash2Drafter::allocate_scratch(int max_rows) {
 std::unique_ptr<DFlash2Drafter> DFlash2Drafter::load_synthetic(const std::string& config_path, TargetModel& t,
                                                                uint64_t seed) {
   return load(config_path, t.config(), &t.backend(), t.embed_weight(), t.lm_head_weight(), t.max_rows(), seed,
-              t.weights().options());
+              t.weights().options(), t.kv_dtype());
 }
 
 std::vector<float> DFlash2Drafter::codebook_row(const WeightRef& w, int32_t row) const {
@@ -187,7 +193,7 @@ void DFlash2Drafter::compact(int incoming) {
 std::vector<StateRegion> DFlash2Drafter::context_regions(int p0, int p1) const {
   QF_CHECK(p0 >= ctx_pos0_ && p1 <= context_end() && p0 <= p1, "context rows %d..%d of %d..%d", p0, p1, ctx_pos0_,
            context_end());
-  const size_t row = static_cast<size_t>(cfg_.num_key_value_heads) * cfg_.head_dim * sizeof(float);
+  const size_t row = static_cast<size_t>(cfg_.num_key_value_heads) * cfg_.head_dim * dtype_size(kv_dtype_);
   const size_t off = static_cast<size_t>(p0 - ctx_pos0_) * row, bytes = static_cast<size_t>(p1 - p0) * row;
   std::vector<StateRegion> r;
   for (const auto& L : layers_) {
@@ -206,11 +212,12 @@ void DFlash2Drafter::set_context(int p0, int p1) {
 void DFlash2Drafter::trim_context(int p) {
   const int drop = std::min(n_ctx_, p - ctx_pos0_);
   if (drop <= 0) return;
-  const int kvw = cfg_.num_key_value_heads * cfg_.head_dim;
-  for (auto& L : layers_) {
-    be_->copy(L.kctx.f(), L.kctx.f() + static_cast<size_t>(drop) * kvw, static_cast<size_t>(n_ctx_ - drop) * kvw * sizeof(float));
-    be_->copy(L.vctx.f(), L.vctx.f() + static_cast<size_t>(drop) * kvw, static_cast<size_t>(n_ctx_ - drop) * kvw * sizeof(float));
-  }
+  const size_t row = static_cast<size_t>(cfg_.num_key_value_heads) * cfg_.head_dim * dtype_size(kv_dtype_);
+  for (auto& L : layers_)
+    for (DeviceBuffer* c : {&L.kctx, &L.vctx}) {
+      char* base = static_cast<char*>(c->get());
+      be_->copy(base, base + static_cast<size_t>(drop) * row, static_cast<size_t>(n_ctx_ - drop) * row);
+    }
   n_ctx_ -= drop;
   ctx_pos0_ += drop;
 }
@@ -256,8 +263,8 @@ void DFlash2Drafter::context_ops(const float* taps, int m, const DumpHook* dump)
     be_->matmul_group(ws, ys, 2, ctx, m);
     be_->rmsnorm(s_.k.f(), L.k_norm.ptr(), s_.k.f(), m * nkv, hd, eps);
     be_->rope(s_.k.f(), m, nkv, hd, hd, static_cast<float>(cfg_.rope_theta), meta);
-    be_->kv_write(L.kctx.f(), s_.k.f(), m, nkv * hd, meta);
-    be_->kv_write(L.vctx.f(), s_.v.f(), m, nkv * hd, meta);
+    be_->kv_write(L.kctx.get(), s_.k.f(), m, nkv * hd, meta, kv_dtype_);
+    be_->kv_write(L.vctx.get(), s_.v.f(), m, nkv * hd, meta, kv_dtype_);
   }
 }
 
@@ -305,8 +312,8 @@ const float* DFlash2Drafter::layer_forward(DFlashLayer& L, float* h, int rows, c
   be_->rmsnorm(k, L.k_norm.ptr(), k, rows * nkv, hd, eps);
   be_->rope(q, rows, nh, hd, hd, theta, meta);
   be_->rope(k, rows, nkv, hd, hd, theta, meta);
-  be_->kv_write(L.kctx.f(), k, rows, nkv * hd, meta);  // block rows after the context
-  be_->kv_write(L.vctx.f(), v, rows, nkv * hd, meta);
+  be_->kv_write(L.kctx.get(), k, rows, nkv * hd, meta, kv_dtype_);  // block rows after the context
+  be_->kv_write(L.vctx.get(), v, rows, nkv * hd, meta, kv_dtype_);
   AttnParams p;
   p.n_heads = nh;
   p.n_kv_heads = nkv;
@@ -314,7 +321,8 @@ const float* DFlash2Drafter::layer_forward(DFlashLayer& L, float* h, int rows, c
   p.scale = 1.0f / std::sqrt(static_cast<float>(hd));
   p.causal = cfg_.is_causal;
   p.window = cfg_.sliding_window;
-  be_->attention(q, L.kctx.f(), L.vctx.f(), s_.attn_out.f(), rows, p, meta);
+  p.kv_dtype = kv_dtype_;
+  be_->attention(q, L.kctx.get(), L.vctx.get(), s_.attn_out.f(), rows, p, meta);
   be_->matmul(L.o, s_.attn_out.f(), s_.branch.f(), rows);
   const float* a = conv_finish(L.attn_conv, s_.branch.f(), rows);
   // MLP sublayer (the attention branch is added to h inside the norm)

@@ -29,7 +29,7 @@ struct DFlashLayer {
   NormVec in_norm, post_norm, q_norm, k_norm;  // plain (as stored)
   WeightRef q, k, v, o, gate, up, down;
   DynConvWeights attn_conv, mlp_conv;          // v2
-  DeviceBuffer kctx, vctx;                     // context + block K/V f32 [cap, n_kv*head_dim]
+  DeviceBuffer kctx, vctx;                     // context + block K/V [cap, n_kv*head_dim] of the drafter's kv_dtype()
 };
 
 class DFlash2Drafter {
@@ -38,9 +38,12 @@ class DFlash2Drafter {
   // load as the target's did (its WeightOptions: int4 at load or as stored).
   static std::unique_ptr<DFlash2Drafter> load(const std::string& dir, TargetModel& target);
   // The same from parts: the target's config, its embedding and lm_head on `be`.
+  // kv_dtype: the element type of the context K/V cache (the TargetModel forms take the target's
+  // kv_dtype(): bf16 unless set otherwise; the grouped attention kernel on CUDA needs bf16).
   static std::unique_ptr<DFlash2Drafter> load(const std::string& dir, const TargetConfig& target, Backend* be,
                                               const WeightRef& embed, const WeightRef& lm_head, int max_rows,
-                                              uint64_t synthetic_seed = 0, const WeightOptions& w = {});
+                                              uint64_t synthetic_seed = 0, const WeightOptions& w = {},
+                                              DType kv_dtype = DType::BF16);
   // Full-size speed runs: the shapes of a drafter config.json with random weights (int4 when
   // the target's are).
   static std::unique_ptr<DFlash2Drafter> load_synthetic(const std::string& config_path, TargetModel& target,
@@ -51,6 +54,7 @@ class DFlash2Drafter {
   int block_size() const { return cfg_.block_size; }
   int max_drafts() const { return cfg_.block_size - 1; }
   bool is_v2() const { return cfg_.is_v2; }
+  DType kv_dtype() const { return kv_dtype_; }
   size_t weight_bytes() const { return ws_->imported_bytes(); }
   Backend& backend() const { return *be_; }
 
@@ -142,6 +146,7 @@ class DFlash2Drafter {
   std::vector<DFlashLayer> layers_;
   // Context cache: rows ctx_pos0_ .. ctx_pos0_+n_ctx_-1 of `cap_`; compaction keeps the last keep_.
   int cap_ = 0, keep_ = 0, n_ctx_ = 0, ctx_pos0_ = 0;
+  DType kv_dtype_ = DType::BF16;  // of kctx / vctx
   int chunk_ = 0;  // rows per context pass
   Scratch s_;
   std::unique_ptr<GraphRunner> graphs_;  // after the buffers: destroyed first

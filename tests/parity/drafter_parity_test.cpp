@@ -1,6 +1,9 @@
 // DFlash2 / DFlash v1 drafter parity with the PyTorch reference written from docs/spec/dflash2.md
 // (tools/reference/make_drafter_fixtures.py). Tolerance 1e-4 x max|ref| (fp32 both sides, bf16
-// weights); candidate ids, selector walk and drafts must be identical.
+// weights); candidate ids, selector walk and drafts must be identical. The context K/V cache runs
+// in f32 against reference.safetensors and in bf16 (the default, as the target's) against
+// reference_kvbf16.safetensors: the same reference with K and V rounded to bf16 once, everything
+// else fp32; same tolerance, same exact ids.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -26,15 +29,23 @@ struct Case {
   std::string folder;
   int index;
   std::string backend;
+  DType kv = DType::BF16;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.folder << "/case" << c.index << "/" << c.backend; }
+const char* kv_name(DType kv) { return kv == DType::F32 ? "kvf32" : "kvbf16"; }
 
-// The fixture's three cases (v2 cases 0 and 1, the v1 drafter's case 2) on every backend.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.folder << "/case" << c.index << "/" << c.backend << "/" << kv_name(c.kv);
+}
+
+// The fixture's three cases (v2 cases 0 and 1, the v1 drafter's case 2) on every backend, with the
+// context K/V cache in f32 and in bf16.
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (const std::string& b : test::test_backends())
-    for (const Case& c : {Case{"micro", 0, b}, Case{"micro", 1, b}, Case{"micro_v1", 2, b}}) out.push_back(c);
+    for (DType kv : {DType::F32, DType::BF16})
+      for (const Case& c : {Case{"micro", 0, b, kv}, Case{"micro", 1, b, kv}, Case{"micro_v1", 2, b, kv}})
+        out.push_back(c);
   return out;
 }
 
@@ -43,7 +54,7 @@ class DrafterParity : public ::testing::TestWithParam<Case> {};
 TEST_P(DrafterParity, BlockPassMatchesReference) {
   const Case c = GetParam();
   const std::string base = test::source_path("tests/fixtures/drafter/");
-  test::Fixture ref(base + "micro/reference.safetensors");
+  test::Fixture ref(base + (c.kv == DType::F32 ? "micro/reference.safetensors" : "micro/reference_kvbf16.safetensors"));
   auto th = SafetensorsFile::open(base + "micro/target_embed_head.safetensors");
   std::string why;
   auto be = test::make_test_backend(c.backend, &why);
@@ -62,7 +73,8 @@ TEST_P(DrafterParity, BlockPassMatchesReference) {
     w.data = be->import_weight(t.data, t.nbytes);  // device copy on a GPU backend
   }
   ASSERT_TRUE(embed.valid() && head.valid());
-  auto d = DFlash2Drafter::load(base + c.folder, tc, be.get(), embed, head, 16);
+  auto d = DFlash2Drafter::load(base + c.folder, tc, be.get(), embed, head, 16, 0, {}, c.kv);
+  ASSERT_EQ(d->kv_dtype(), c.kv);
   const std::string p = "case" + std::to_string(c.index) + ".";
   const auto taps = ref.f32(p + "taps");
   const int start = ref.i32(p + "start")[0], anchor = ref.i32(p + "anchor")[0];
@@ -97,7 +109,8 @@ TEST_P(DrafterParity, BlockPassMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, DrafterParity,
                          ::testing::ValuesIn(cases()),
                          [](const auto& info) {
-                           return info.param.folder + "_case" + std::to_string(info.param.index) + "_" + info.param.backend;
+                           return info.param.folder + "_case" + std::to_string(info.param.index) + "_" +
+                                  kv_name(info.param.kv) + "_" + info.param.backend;
                          });
 
 }  // namespace

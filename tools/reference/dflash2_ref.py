@@ -698,6 +698,10 @@ class DFlash2Drafter(nn.Module):
                 ok &= ~is_block_key[None, :] | (diff >= 0)
             return ok
 
+        # Inference engines may keep the context K/V in a narrower cache (kv_cache_dtype, e.g.
+        # torch.bfloat16: K and V rounded once, everything else fp32); None = fp32 throughout.
+        kv_dtype = getattr(self, "kv_cache_dtype", None)
+
         def make_attend(layer: int):
             ok = visible(layer)
 
@@ -707,6 +711,8 @@ class DFlash2Drafter(nn.Module):
                 kc, vc = attn.keys_values(ctx, cos_c, sin_c)
                 k = torch.cat([kc, kb], 0).float()                               # [T, nkv, d]
                 v = torch.cat([vc, vb], 0).float()
+                if kv_dtype is not None:                                         # a cache of that dtype
+                    k, v = k.to(kv_dtype).float(), v.to(kv_dtype).float()
                 grp = attn.nh // attn.nkv
                 k = k.repeat_interleave(grp, dim=1)                              # head h -> kv h // grp
                 v = v.repeat_interleave(grp, dim=1)

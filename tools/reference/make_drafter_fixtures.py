@@ -7,8 +7,13 @@ Writes
   <out>/micro/config.json, model.safetensors            DFlash2 drafter (bf16)
   <out>/micro/target_embed_head.safetensors             embed_tokens, lm_head [512, 128] bf16
   <out>/micro/reference.safetensors                     cases 0, 1 (micro) and 2 (micro_v1), fp32/int32
+  <out>/micro/reference_kvbf16.safetensors              the same cases with the context K/V cache in bf16
   <out>/micro_v1/config.json, model.safetensors         DFlash v1 drafter (same backbone, no conv/selector)
 See tools/reference/README_dflash2.md for the key conventions.
+
+    python3 tools/reference/make_drafter_fixtures.py --out tests/fixtures/drafter --kvbf16-only
+
+writes only reference_kvbf16.safetensors, from the checkpoints and case inputs already in --out.
 """
 
 from __future__ import annotations
@@ -412,11 +417,48 @@ def test_loss(model, embed, head, g) -> None:
 # main
 # --------------------------------------------------------------------------------------
 
+def write_kvbf16(out_dir: str) -> None:
+    """The three cases again with the drafter's context K/V cache in bf16 (K and V rounded once, as
+    qflash's bf16 cache does; everything else fp32), from the checkpoints and case inputs on disk."""
+    micro_dir = os.path.join(out_dir, "micro")
+    m = R.load(micro_dir)
+    mv1 = R.load(os.path.join(out_dir, "micro_v1"))
+    te = load_file(os.path.join(micro_dir, "target_embed_head.safetensors"))
+    e, h = te["embed_tokens"].float(), te["lm_head"].float()
+    ref = load_file(os.path.join(micro_dir, "reference.safetensors"))
+    with safe_open(os.path.join(micro_dir, "reference.safetensors"), "pt") as f:
+        tie_text = json.loads(f.metadata()["info"])["tie"]  # "token DST has the lm_head and codebook rows of token SRC: ..."
+    words = tie_text.split()
+    tie = (int(words[words.index("token", 2) + 1].rstrip(":")), int(words[1]))  # (src, dst)
+    res, gaps = {}, {}
+    for i, model in ((0, m), (1, m), (2, mv1)):
+        model.kv_cache_dtype = torch.bfloat16
+        with torch.no_grad():
+            d = run_case(model, e, h, ref[f"case{i}.taps"], int(ref[f"case{i}.anchor"][0]), int(ref[f"case{i}.start"][0]))
+        res.update(to_fixture(f"case{i}", d))
+        gaps[f"case{i}"] = margins(d, tie)
+        same = torch.equal(d["drafts"].to(torch.int32), ref[f"case{i}.drafts"])
+        diff = float((d["logits"].float() - ref[f"case{i}.logits"]).abs().max() / ref[f"case{i}.logits"].abs().max())
+        print(f"    kvbf16 case{i}: drafts {d['drafts'].tolist()} (fp32 cache: {'same' if same else 'differ'}), "
+              f"logits vs fp32 cache {diff:.2e} of max|ref|, margins {gaps[f'case{i}']}")
+    info = {"kv_cache": "bf16 (K and V rounded to bf16 once, round to nearest even; all else fp32)",
+            "inputs": "reference.safetensors (taps, anchor, start of each case)", "margins": gaps}
+    save_file(res, os.path.join(micro_dir, "reference_kvbf16.safetensors"),
+              metadata={"info": json.dumps(info, sort_keys=True)})
+    back = load_file(os.path.join(micro_dir, "reference_kvbf16.safetensors"))
+    check("reference_kvbf16: written and read back bit-exactly", all(torch.equal(back[k], res[k]) for k in res))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="tests/fixtures/drafter")
+    ap.add_argument("--kvbf16-only", action="store_true",
+                    help="only write micro/reference_kvbf16.safetensors from the fixtures already in --out")
     args = ap.parse_args()
     torch.set_num_threads(1)  # tiny GEMMs; more threads only spin
+    if args.kvbf16_only:
+        write_kvbf16(args.out)
+        return
     test_config()
     test_topk_ties()
 
@@ -493,6 +535,7 @@ def main() -> None:
         keys_v1 = list(f.keys())
     ok_v1 = len(keys_v1) == 25 and not any("_conv" in k or "candidate" in k for k in keys_v1)
     check("save/load round trip reproduces every fixture tensor bit-exactly", ok)
+    write_kvbf16(args.out)
     check("checkpoint: 36 bf16 tensors, bare codebook names; micro_v1: 25 tensors, no conv/selector",
           len(keys) == 36 and dtypes == {"BF16"} and bare and ok_v1, f"{len(keys)} {dtypes} / v1 {len(keys_v1)}")
 
