@@ -710,6 +710,65 @@ __device__ __forceinline__ void wgmma_wait_acc(float (&d)[32][4]) {
 constexpr int kV4Threads = 256;
 constexpr size_t kV4Smem = 7 * 32768 + 1024;  // Q 4 x 32 KB, K, two V buffers 32 KB each, + alignment slack
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The v4-form kernels' (v4, v4b, v5b) shared pieces. Tile loads: thread t copies the 16-byte column
+// chunk t % 32 of key rows t / 32 + 8 i of a 64-key tile into the [4 dim blocks][64 keys][128 B]
+// layout, chunk XOR row & 7; keys past n_kv read as zeros (P is 0 there, and 0 x 0 stays 0).
+struct V4TileLoader {
+  const uint16_t* kcol;
+  const uint16_t* vcol;
+  uint32_t col_off;
+  int lr0, n_kv, kvw;
+  __device__ __forceinline__ V4TileLoader(const uint16_t* K, const uint16_t* V, const PrefillGeom& G,
+                                          const PrefillWarp& w, int tid, const StepMeta* meta) {
+    const int lc = tid & 31;
+    lr0 = tid >> 5;
+    n_kv = meta->n_kv;
+    kvw = G.kvw;
+    kcol = K + static_cast<size_t>(w.g) * 256 + lc * 8;
+    vcol = V + static_cast<size_t>(w.g) * 256 + lc * 8;
+    col_off = (lc >> 3) * 8192u + ((lc & 7) << 4);  // + r * 128, chunk XOR r & 7
+  }
+  __device__ __forceinline__ void load(uint32_t dst, const uint16_t* col, int t) const {
+#pragma unroll
+    for (int r = lr0; r < 64; r += kV4Threads / 32) {
+      const int j = t * 64 + r;
+      const bool ok = j < n_kv;
+      cp_async16((dst + col_off + r * 128u) ^ ((r & 7) << 4), col + (ok ? static_cast<size_t>(j) * kvw : 0),
+                 ok ? 16 : 0);
+    }
+  }
+};
+
+// This warpgroup's 64 query rows of head w.h as bf16 pieces into sQ (hi; lo 32 KB further when
+// SPLIT), zeros for rows past the call.
+template <bool SPLIT>
+__device__ __forceinline__ void v4_stage_q(const float* __restrict__ q, const PrefillGeom& G, const PrefillWarp& w,
+                                           int tid, uint32_t sQ) {
+  constexpr int HD = 256, CH = HD / 8;
+  for (int i = tid & 127; i < 64 * CH; i += 128) {
+    const int r = i / CH, c = i % CH;
+    uint4 hi, lo;
+    q_pieces<HD>(q, G, w.m0 + r, w.h, c, hi, lo);
+    const uint32_t o = (c >> 3) * 8192u + r * 128u + (((c & 7) ^ (r & 7)) << 4);
+    sts128(sQ + o, hi);
+    if constexpr (SPLIT) sts128(sQ + 32768u + o, lo);
+  }
+}
+
+// O = alpha O before a tile's P V (alpha = 1 for rows the tile misses: exact).
+template <int NT>
+__device__ __forceinline__ void v4_rescale(float (&acc)[32][4], const TileSoftmax<NT>& T) {
+#pragma unroll
+  for (int n = 0; n < 32; n++) {
+    acc[n][0] = __fmul_rn(acc[n][0], T.alpha_a);
+    acc[n][1] = __fmul_rn(acc[n][1], T.alpha_a);
+    acc[n][2] = __fmul_rn(acc[n][2], T.alpha_b);
+    acc[n][3] = __fmul_rn(acc[n][3], T.alpha_b);
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 // SPLIT: q and p as bf16 hi + lo (v4), or as bf16 hi alone (v4b).
 template <bool SPLIT>
 __global__ void __launch_bounds__(kV4Threads, 1)
@@ -717,7 +776,7 @@ __global__ void __launch_bounds__(kV4Threads, 1)
                            const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
                            const StepMeta* meta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int HD = 256, CH = HD / 8, KT = 64, NT = KT / 8;
+  constexpr int HD = 256, KT = 64, NT = KT / 8;
   pdl_trigger();
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem_v4[];
@@ -730,36 +789,12 @@ __global__ void __launch_bounds__(kV4Threads, 1)
   const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
   const int t_begin = w.t_begin, t_end = w.t_end;  // the same for every warp of the block
 
-  // Tile loads: thread t copies the 16-byte column chunk t % 32 of key rows t / 32 + 8 i.
-  const int n_kv = meta->n_kv;
-  const int lc = tid & 31, lr0 = tid >> 5;
-  const uint16_t* kcol = K + static_cast<size_t>(w.g) * HD + lc * 8;
-  const uint16_t* vcol = V + static_cast<size_t>(w.g) * HD + lc * 8;
-  const uint32_t col_off = (lc >> 3) * 8192u + ((lc & 7) << 4);  // + r * 128, chunk XOR r & 7
-  auto load_tile = [&](uint32_t dst, const uint16_t* col, int t) {
-#pragma unroll
-    for (int r = lr0; r < KT; r += kV4Threads / 32) {
-      const int j = t * KT + r;
-      const bool ok = j < n_kv;  // zeros past the keys: P is 0 there, and 0 x 0 stays 0
-      cp_async16((dst + col_off + r * 128u) ^ ((r & 7) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
-                 ok ? 16 : 0);
-    }
-  };
+  const V4TileLoader ld(K, V, G, w, tid, meta);
   if (t_end > t_begin) {
-    load_tile(sK, kcol, t_begin);
+    ld.load(sK, ld.kcol, t_begin);
     cp_async_commit();
   }
-
-  // This warpgroup's 64 query rows of head w.h -> hi/lo bf16 pieces (zeros for rows past the call).
-  for (int i = tid & 127; i < 64 * CH; i += 128) {
-    const int r = i / CH, c = i % CH;
-    const int m = w.m0 + r;
-    uint4 hi, lo;
-    q_pieces<HD>(q, G, m, w.h, c, hi, lo);
-    const uint32_t o = (c >> 3) * 8192u + r * 128u + (((c & 7) ^ (r & 7)) << 4);
-    sts128(sQ + o, hi);
-    if constexpr (SPLIT) sts128(sQ + 32768u + o, lo);
-  }
+  v4_stage_q<SPLIT>(q, G, w, tid, sQ);
 
   float acc[HD / 8][4];
 #pragma unroll
@@ -770,7 +805,7 @@ __global__ void __launch_bounds__(kV4Threads, 1)
     // V(t)'s buffer was last read by P V(t - 2), which every warpgroup waited for before the
     // second barrier of tile t - 1.
     const uint32_t sVb = sV + ((t - t_begin) & 1) * 32768u;
-    load_tile(sVb, vcol, t);
+    ld.load(sVb, ld.vcol, t);
     cp_async_commit();
     cp_async_wait<1>();  // K(t) (and, the first time, the Q stores above are this thread's too)
     fence_proxy_async_smem();
@@ -799,19 +834,13 @@ __global__ void __launch_bounds__(kV4Threads, 1)
     fence_proxy_async_smem();
     __syncthreads();  // everyone's V(t) copies landed; every warpgroup is done with K(t)
     if (t + 1 < t_end) {
-      load_tile(sK, kcol, t + 1);
+      ld.load(sK, ld.kcol, t + 1);
       cp_async_commit();
     }
 
-    // O = alpha O + P V: rescale (alpha = 1 for rows the tile misses: exact), then 4 k-steps of 16
-    // keys (16 keys x 128 B = 2 KB of V each), P's hi then lo piece.
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-      acc[n][0] = __fmul_rn(acc[n][0], T.alpha_a);
-      acc[n][1] = __fmul_rn(acc[n][1], T.alpha_a);
-      acc[n][2] = __fmul_rn(acc[n][2], T.alpha_b);
-      acc[n][3] = __fmul_rn(acc[n][3], T.alpha_b);
-    }
+    // O = alpha O + P V: rescale, then 4 k-steps of 16 keys (16 keys x 128 B = 2 KB of V each), P's
+    // hi then lo piece.
+    v4_rescale<NT>(acc, T);
     wgmma_fence_acc(acc);
 #pragma unroll
     for (int kk = 0; kk < NT / 2; kk++) {
@@ -843,7 +872,7 @@ __global__ void __launch_bounds__(kV4Threads, 1)
                             const uint16_t* __restrict__ V, float* __restrict__ out, const PrefillGeom G,
                             const StepMeta* meta) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int HD = 256, CH = HD / 8, KT = 64, NT = KT / 8;
+  constexpr int HD = 256, KT = 64, NT = KT / 8;
   pdl_trigger();
   pdl_wait();
   extern __shared__ __align__(1024) uint8_t smem_v4[];
@@ -856,34 +885,15 @@ __global__ void __launch_bounds__(kV4Threads, 1)
   const PrefillWarp w = prefill_warp<KT>(G, meta, warp, lane);
   const int t_begin = w.t_begin, t_end = w.t_end;
 
-  const int n_kv = meta->n_kv;
-  const int lc = tid & 31, lr0 = tid >> 5;
-  const uint16_t* kcol = K + static_cast<size_t>(w.g) * HD + lc * 8;
-  const uint16_t* vcol = V + static_cast<size_t>(w.g) * HD + lc * 8;
-  const uint32_t col_off = (lc >> 3) * 8192u + ((lc & 7) << 4);
-  auto load_tile = [&](uint32_t dst, const uint16_t* col, int t) {
-#pragma unroll
-    for (int r = lr0; r < KT; r += kV4Threads / 32) {
-      const int j = t * KT + r;
-      const bool ok = j < n_kv;
-      cp_async16((dst + col_off + r * 128u) ^ ((r & 7) << 4), col + (ok ? static_cast<size_t>(j) * G.kvw : 0),
-                 ok ? 16 : 0);
-    }
-  };
+  const V4TileLoader ld(K, V, G, w, tid, meta);
   auto vbuf = [&](int t) { return sV + ((t - t_begin) & 1) * 32768u; };
   if (t_end > t_begin) {
-    load_tile(sK, kcol, t_begin);
+    ld.load(sK, ld.kcol, t_begin);
     cp_async_commit();
-    load_tile(vbuf(t_begin), vcol, t_begin);
+    ld.load(vbuf(t_begin), ld.vcol, t_begin);
     cp_async_commit();
   }
-  for (int i = tid & 127; i < 64 * CH; i += 128) {
-    const int r = i / CH, c = i % CH;
-    const int m = w.m0 + r;
-    uint4 hi, lo;
-    q_pieces<HD>(q, G, m, w.h, c, hi, lo);
-    sts128(sQ + (c >> 3) * 8192u + r * 128u + (((c & 7) ^ (r & 7)) << 4), hi);
-  }
+  v4_stage_q<false>(q, G, w, tid, sQ);
 
   float acc[HD / 8][4];
 #pragma unroll
@@ -925,18 +935,12 @@ __global__ void __launch_bounds__(kV4Threads, 1)
     fence_proxy_async_smem();
     __syncthreads();  // V(t) landed for all; every warpgroup is done with S(t) (K(t)) and P V(t - 1)
     if (more) {
-      load_tile(sK, kcol, t + 1);
+      ld.load(sK, ld.kcol, t + 1);
       cp_async_commit();
-      load_tile(vbuf(t + 1), vcol, t + 1);  // P V(t - 1), the last reader of this buffer, was waited
+      ld.load(vbuf(t + 1), ld.vcol, t + 1);  // P V(t - 1), the last reader of this buffer, was waited
       cp_async_commit();
     }
-#pragma unroll
-    for (int n = 0; n < HD / 8; n++) {
-      acc[n][0] = __fmul_rn(acc[n][0], T.alpha_a);
-      acc[n][1] = __fmul_rn(acc[n][1], T.alpha_a);
-      acc[n][2] = __fmul_rn(acc[n][2], T.alpha_b);
-      acc[n][3] = __fmul_rn(acc[n][3], T.alpha_b);
-    }
+    v4_rescale<NT>(acc, T);
     wgmma_fence_acc(acc);
     const uint32_t sVb = vbuf(t);
 #pragma unroll

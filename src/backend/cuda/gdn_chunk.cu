@@ -74,6 +74,28 @@ struct PrepArgs {
   float eps, qscale;
 };
 
+// conv_taps: channel ch's taps w (and wlast = w[K - 1], read directly: selecting w[K - 1] would
+// index the array dynamically) and the window before chunk row t0, raw rows m0 + t0 - K + 1 ..
+// m0 + t0 - 1 of [tail | mixed] (a window row at or past L reads as 0). Returns K.
+template <int KFIX>
+__device__ __forceinline__ int conv_taps(const PrepArgs& a, int ch, int m0, int t0, int L, float (&w)[kConvMax],
+                                         float& wlast, float (&win)[kConvMax - 1]) {
+  const int K = KFIX > 0 ? KFIX : a.K;
+  const size_t C = a.C;
+#pragma unroll
+  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? a.conv_w[static_cast<size_t>(ch) * K + j] : 0.0f;
+  wlast = a.conv_w[static_cast<size_t>(ch) * K + K - 1];
+#pragma unroll
+  for (int j = 0; j < kConvMax - 1; j++) {
+    const int tt = t0 - (K - 1) + j;  // chunk row of this window entry
+    const int m = m0 + tt;
+    win[j] = 0.0f;
+    if (j < K - 1 && tt < L)
+      win[j] = m >= 0 ? a.mixed[static_cast<size_t>(m) * C + ch] : a.tail[static_cast<size_t>(K - 1 + m) * C + ch];
+  }
+  return K;
+}
+
 // Conv + SiLU of channel ch for the chunk's rows t = 0..63 (0 past row L) with gdn_rows'
 // arithmetic; emit(t, u) in row order. Row m0 + t reads raw rows m0 + t - K + 1 .. m0 + t of
 // [tail | mixed]. KFIX > 0: the conv kernel size is KFIX (== a.K, the launcher's choice), known at
@@ -81,19 +103,9 @@ struct PrepArgs {
 // which were two thirds of the prep kernel's stall samples (Nsight Compute, run 66).
 template <int KFIX, class Emit>
 __device__ __forceinline__ void conv_rows(const PrepArgs& a, int ch, int m0, int L, Emit&& emit) {
-  const int K = KFIX > 0 ? KFIX : a.K;
   const size_t C = a.C;
-  float w[kConvMax], win[kConvMax - 1];
-#pragma unroll
-  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? a.conv_w[static_cast<size_t>(ch) * K + j] : 0.0f;
-  // the current row's tap, read directly: selecting w[K - 1] would index the array dynamically
-  const float wlast = a.conv_w[static_cast<size_t>(ch) * K + K - 1];
-#pragma unroll
-  for (int j = 0; j < kConvMax - 1; j++) {
-    const int m = m0 - (K - 1) + j;
-    win[j] = 0.0f;
-    if (j < K - 1) win[j] = m >= 0 ? a.mixed[static_cast<size_t>(m) * C + ch] : a.tail[static_cast<size_t>(K - 1 + m) * C + ch];
-  }
+  float w[kConvMax], win[kConvMax - 1], wlast;
+  const int K = conv_taps<KFIX>(a, ch, m0, 0, kC, w, wlast, win);  // the window (rows < 0) is never cut
 #pragma unroll
   for (int t = 0; t < kC; t++) {
     const float raw = t < L ? a.mixed[static_cast<size_t>(m0 + t) * C + ch] : 0.0f;
@@ -110,17 +122,8 @@ template <int KFIX>
 __device__ __forceinline__ void conv_rows_in_place(const PrepArgs& a, int ch, int m0, int L, float* col, int ld) {
   static_assert(KFIX > 0, "the staged form takes a compile-time conv size");
   constexpr int K = KFIX;
-  const size_t C = a.C;
-  float w[kConvMax], win[kConvMax - 1];
-#pragma unroll
-  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? a.conv_w[static_cast<size_t>(ch) * K + j] : 0.0f;
-  const float wlast = a.conv_w[static_cast<size_t>(ch) * K + K - 1];
-#pragma unroll
-  for (int j = 0; j < kConvMax - 1; j++) {
-    const int m = m0 - (K - 1) + j;
-    win[j] = 0.0f;
-    if (j < K - 1) win[j] = m >= 0 ? a.mixed[static_cast<size_t>(m) * C + ch] : a.tail[static_cast<size_t>(K - 1 + m) * C + ch];
-  }
+  float w[kConvMax], win[kConvMax - 1], wlast;
+  conv_taps<KFIX>(a, ch, m0, 0, kC, w, wlast, win);
 #pragma unroll
   for (int t = 0; t < kC; t++) {
     const float raw = t < L ? col[t * ld] : 0.0f;
@@ -150,20 +153,9 @@ constexpr int kBlk = 16;      // rows of a diagonal block of the blocked substit
 // never read (they only feed rows that are emitted as 0).
 template <int NR, int KFIX, class Emit>
 __device__ __forceinline__ void conv_rows_from(const PrepArgs& a, int ch, int m0, int t0, int L, Emit&& emit) {
-  const int K = KFIX > 0 ? KFIX : a.K;
   const size_t C = a.C;
-  float w[kConvMax], win[kConvMax - 1];
-#pragma unroll
-  for (int j = 0; j < kConvMax; j++) w[j] = j < K ? a.conv_w[static_cast<size_t>(ch) * K + j] : 0.0f;
-  const float wlast = a.conv_w[static_cast<size_t>(ch) * K + K - 1];
-#pragma unroll
-  for (int j = 0; j < kConvMax - 1; j++) {
-    const int tt = t0 - (K - 1) + j;  // chunk row of this window entry
-    const int m = m0 + tt;
-    win[j] = 0.0f;
-    if (j < K - 1 && tt < L)
-      win[j] = m >= 0 ? a.mixed[static_cast<size_t>(m) * C + ch] : a.tail[static_cast<size_t>(K - 1 + m) * C + ch];
-  }
+  float w[kConvMax], win[kConvMax - 1], wlast;
+  const int K = conv_taps<KFIX>(a, ch, m0, t0, L, w, wlast, win);
 #pragma unroll
   for (int t = 0; t < NR; t++) {
     const int tt = t0 + t;
