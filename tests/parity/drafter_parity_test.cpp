@@ -9,6 +9,7 @@
 #include <map>
 
 #include "backend/backend.h"
+#include "core/error.h"
 #include "io/config.h"
 #include "model/dflash2.h"
 #include "support/backends.h"
@@ -103,6 +104,28 @@ TEST_P(DrafterParity, BlockPassMatchesReference) {
     EXPECT_EQ(ids, ref.i32(p + "cand_ids"));
     EXPECT_TRUE(test::close_rel(dl(*be, d->cand_vals(), k * 16), ref.f32(p + "cand_logits"), kTol, "candidate logits"));
     EXPECT_TRUE(test::close_rel(dl(*be, d->scores(), k * 16), ref.f32(p + "scores"), kTol, "selector scores"));
+  }
+}
+
+// A context cache of another element type is refused at load, naming the drafter and the dtype.
+TEST(DrafterLoad, RejectsAKvDtypeOtherThanF32OrBf16) {
+  const std::string base = test::source_path("tests/fixtures/drafter/");
+  std::string why;
+  auto be = test::make_test_backend("cpu", &why);
+  ASSERT_TRUE(be) << why;
+  TargetConfig tc;
+  tc.hidden_size = 128;
+  tc.vocab_size = 512;
+  tc.num_hidden_layers = 4;
+  tc.max_position_embeddings = 4096;
+  try {
+    DFlash2Drafter::load(base + "micro", tc, be.get(), WeightRef{}, WeightRef{}, 16, 0, {}, DType::F16);
+    FAIL() << "an f16 context cache was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage) << e.what();
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("micro"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("F32 or BF16 expected"), std::string::npos) << msg;
   }
 }
 
