@@ -373,6 +373,9 @@ def parse_args(argv=None):
     p.add_argument("--out", required=True, help="output folder (git-ignored, e.g. data/pypi_corpus)")
     p.add_argument("--packages", default=str(HERE / "pypi_packages.txt"))
     p.add_argument("--pin", help="a manifest whose project versions are downloaded instead of the latest")
+    p.add_argument("--also-latest", action="store_true",
+                   help="with --pin: listed projects the manifest lacks are fetched at their latest version "
+                        "instead of being skipped (how v8 added projects to v3's pinned set)")
     p.add_argument("--tokenizer", default=str(REPO / "models" / "demo" / "tokenizer.json"))
     p.add_argument("--python-version", default="3.12", help="pip --python-version for wheel selection")
     p.add_argument("--jobs", type=int, default=6, help="parallel pip downloads")
@@ -408,7 +411,11 @@ def main(argv=None):
     if args.pin:
         pins = {norm_name(p["name"]): p["version"] for p in json.loads(Path(args.pin).read_text())["projects"]
                 if p.get("version")}
-        names = [n for n in names if norm_name(n) in pins]
+        if args.also_latest:
+            extra = [n for n in names if norm_name(n) not in pins]
+            print(f"pin: {len(names) - len(extra)} projects pinned, {len(extra)} at their latest version", flush=True)
+        else:
+            names = [n for n in names if norm_name(n) in pins]
 
     before = set(wheels.glob("*.whl"))
     t0 = time.time()

@@ -233,13 +233,13 @@ def run(args, log):
     # ---- load back and check ----
     checks = verify(demo, out, args, log)
 
-    # ---- model card + the training log ----
+    if args.ship_int4:
+        ship_int4(demo, args, log)
+    # ---- model card (its file table lists the files as shipped: after the int4 rewrite) + the log ----
     write_card(demo, out, args, prompts, checks)
     shutil.copy(out / "train_log.txt", demo / "TRAIN_LOG.txt")
     for p in demo.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)  # safetensors writes 0600 files
-    if args.ship_int4:
-        ship_int4(demo, args, log)
     sizes = {str(p.relative_to(demo)): p.stat().st_size for p in sorted(demo.rglob("*")) if p.is_file()}
     weights = sum(v for k, v in sizes.items() if k.endswith(".safetensors"))
     assert all(v <= C.SHARD_LIMIT_BYTES for k, v in sizes.items() if k.endswith(".safetensors")), sizes
@@ -436,11 +436,29 @@ def write_card(demo: Path, out: Path, args, prompts, checks):
         ppl_row = (f"| **validation perplexity** | **{tm['val_ppl_bf16']:.3f}** with the shipped bf16 weights after the "
                    f"antiloop fine-tune (before it: {al['before']['val_ppl']:.3f}), "
                    f"{tm['val_tokens']:,} tokens, non-overlapping {tm['seq']}-token windows |")
+    elif args.ship_int4 and tm.get("val_ppl_int4") is not None:
+        others = "; ".join(f"{tm[k]:.3f} {what}" for k, what in (("val_ppl_bf16", "with the trained weights in bf16"),
+                                                                    ("val_ppl_fp32", "fp32 master weights"))
+                           if tm.get(k) is not None)
+        ppl_row = (f"| **validation perplexity** | **{tm['val_ppl_int4']:.3f}** with the shipped int4 weights"
+                   f"{f' ({others}; not shipped)' if others else ''}, {tm['val_tokens']:,} tokens, non-overlapping "
+                   f"{tm['seq']}-token windows |")
     else:
         ppl_row = (f"| **validation perplexity** | **{tm['val_ppl_bf16']:.3f}** with the shipped bf16 weights "
                    f"({tm['val_ppl_fp32']:.3f} fp32 master weights), {tm['val_tokens']:,} tokens, non-overlapping "
                    f"{tm['seq']}-token windows |")
     antiloop_text = antiloop_card_text(al)
+    if getattr(args, "corpus_dir", None):
+        reproduce_text = ("The corpus: `python3 tools/train/pypi_corpus.py --out data/pypi_corpus --pin "
+                          "tools/train/pypi_corpus_manifest.json`; the training stages on the GPU machine in calls of "
+                          "under 10 minutes through `tools/train/remote_v2.sh` (the commands of this run: "
+                          "docs/experiments/demo_data.md; every stage's arguments are in `TRAIN_LOG.txt`).")
+        corpus_note = "The corpus is fixed by the pinned manifest (project versions and wheel hashes)."
+    else:
+        reproduce_text = ("```\nbash tools/train/train_all.sh OUT --stage part1   # corpus + tokenizer, target, mtp\n"
+                          "bash tools/train/train_all.sh OUT --stage part2   # gen, drafter, package -> OUT/demo\n```\n"
+                          "(on the GPU machine through `tools/train/remote.sh`, see `docs/experiments/demo_training.md`).")
+        corpus_note = "The corpus depends on the Python version whose stdlib is read."
     stored = "stored bf16"
     if args.ship_int4:
         q4 = tm.get("val_ppl_int4")
@@ -552,16 +570,12 @@ Evaluation with an anchor at every continuation position whose block fits, bf16 
 
 ## Reproduce
 
-```
-bash tools/train/train_all.sh OUT --stage part1   # corpus + tokenizer, target, mtp
-bash tools/train/train_all.sh OUT --stage part2   # gen, drafter, package -> OUT/demo
-```
-(on the GPU machine through `tools/train/remote.sh`, see `docs/experiments/demo_training.md`).
+{reproduce_text}
 
 seed {runargs['seed']}; Python {man.get('python_version', platform.python_version())}, torch {torch.__version__}, transformers {transformers.__version__};
 stage wall times (s): {json.dumps({k: round(v, 1) for k, v in stages.items() if v is not None})}.
 GPU kernels are not bit-deterministic, so a rerun gives close but not identical weights.
-The corpus depends on the Python version whose stdlib is read.
+{corpus_note}
 
 ## Files
 
