@@ -448,7 +448,7 @@ def write_card(demo: Path, out: Path, args, prompts, checks):
                    f"({tm['val_ppl_fp32']:.3f} fp32 master weights), {tm['val_tokens']:,} tokens, non-overlapping "
                    f"{tm['seq']}-token windows |")
     antiloop_text = antiloop_card_text(al)
-    if getattr(args, "corpus_dir", None):
+    if args.corpus_dir:
         reproduce_text = ("The corpus: `python3 tools/train/pypi_corpus.py --out data/pypi_corpus --pin "
                           "tools/train/pypi_corpus_manifest.json`; the training stages on the GPU machine in calls of "
                           "under 10 minutes through `tools/train/remote_v2.sh` (the commands of this run: "
