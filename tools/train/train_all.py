@@ -108,6 +108,9 @@ def parse_args(argv=None):
     g.add_argument("--antiloop-refresh", type=int, default=64, help="steps between pool refreshes")
     g.add_argument("--antiloop-ul-batch", type=int, default=64, help="continuations per step")
     g.add_argument("--antiloop-mle-batch", type=int, default=32, help="train windows per step (next-token loss)")
+    g.add_argument("--antiloop-kl", type=float, default=0.0,
+                   help="weight of KL(start || current) on the train windows: keeps the fine-tuned model's "
+                        "distribution on ordinary text at the starting model's (0: off)")
     g.add_argument("--antiloop-eval-prompts", type=int, default=512, help="line-start prompts per split, before/after")
     g.add_argument("--antiloop-eval-windows", type=int, default=0, help="held-out ppl windows (0: all)")
     g.add_argument("--antiloop-qat", type=int, default=1,
