@@ -95,6 +95,17 @@ inline void* dmalloc(size_t bytes) {
   return p;
 }
 
+// The tensor-core GEMV's split scratch (kernels.h), zero-filled once and shared by every call on
+// g_st (each launch leaves it fit for the next).
+inline void* gemv_scratch() {
+  static void* p = [] {
+    void* q = dmalloc(cuda::gemv_tc_scratch_bytes());
+    QF_CUDA_CHECK(cudaMemset(q, 0, cuda::gemv_tc_scratch_bytes()));
+    return q;
+  }();
+  return p;
+}
+
 struct Ceil {
   double copy_gbs = 0, read_gbs = 0;
 };

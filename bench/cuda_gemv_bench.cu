@@ -75,7 +75,7 @@ int main(int argc, char** argv) {
         xs.push_back(static_cast<double>(m.bytes));
         tr.push_back(r);
         for (int t = 0; t < 2; t++) {  // row-major, then the tiled layout (WeightRef::kTc32x64)
-          const double us = b2b_us([&](int i) { gemv(t ? tw[i % nb] : m.w[i % nb], x, static_cast<int>(z.cols), y, 1, g_st); });
+          const double us = b2b_us([&](int i) { gemv(t ? tw[i % nb] : m.w[i % nb], x, static_cast<int>(z.cols), y, 1, gemv_scratch(), g_st); });
           tg[t].push_back(us);
           std::printf(" %11.2f %6.0f", us, m.bytes / (us * 1e-6) / 1e9);
         }
@@ -111,8 +111,10 @@ int main(int argc, char** argv) {
                                  {"attn o 5120x6144", DType::BF16, 5120, 6144},
                                  {"kv proj 1024x5120", DType::BF16, 1024, 5120},
                                  {"int4 g64 17408x5120", DType::U32, 17408, 5120},
-                                 {"int4 g64 5120x17408", DType::U32, 5120, 17408}};
-    if (quick) shapes.resize(7);
+                                 {"int4 g64 5120x17408", DType::U32, 5120, 17408},
+                                 {"dflash2 conv 1280x5120", DType::BF16, 1280, 5120},
+                                 {"selector 256x5120", DType::BF16, 256, 5120}};
+    if (quick) shapes.erase(shapes.begin() + 7, shapes.begin() + 10);  // keeps the drafter's small grids
     const int Ms[] = {1, 2, 4, 8, 16};
     const int maxM = 16;
     std::printf("%-24s %3s %4s %10s %9s %7s %8s %11s %9s\n", "matmul", "M", "ks", "time_us", "GB/s", "%copy", "xM=1",
@@ -134,7 +136,7 @@ int main(int argc, char** argv) {
       const int nb = static_cast<int>(m.w.size());
       double t1 = 0;
       for (int M : Ms) {
-        const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, g_st); });
+        const double t = median_us([&](int i) { gemv(m.w[i % nb], x, static_cast<int>(s.cols), y, M, gemv_scratch(), g_st); });
         if (M == 1) t1 = t;
         double tc = NAN;
         if (xb) {
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
         std::vector<WeightRef> tw = tiled_copies(m);
         std::printf("  tiled layout:");
         for (int M : Ms) {
-          const double t = median_us([&](int i) { gemv(tw[i % nb], x, static_cast<int>(s.cols), y, M, g_st); });
+          const double t = median_us([&](int i) { gemv(tw[i % nb], x, static_cast<int>(s.cols), y, M, gemv_scratch(), g_st); });
           std::printf(" M=%d %.0f GB/s (%.1f%%);", M, m.bytes / (t * 1e-6) / 1e9, 100.0 * m.bytes / (t * 1e-6) / 1e9 / ce.copy_gbs);
         }
         std::printf("\n");

@@ -9,7 +9,8 @@
 //   2 skr          stream-K with register loads (rejected: slower decode in the model)
 //   3 hyb          skr where the slice grid's last wave is ragged and ranges are long, else slices
 //                  (rejected with skr)
-//   4-7 ks1..ks8   column slices with the split forced to 1, 2, 4, 8
+//   4-7 ks1..ks8   column slices with the split forced to 1, 2, 4, 8, no cross-block split (ks8 is
+//                  the schedule of 1280x5120 and 256x5120 before the cross-block split)
 // --sweep: fixed cost per launch of back-to-back M = 1 calls over 10 MB .. 1.3 GB, each version in
 // both layouts, against a plain streaming read. Exit status 1 when a version fails a check.
 #include <cuda_runtime.h>
@@ -321,14 +322,14 @@ cuda::SkScratch g_sk;
 
 void run_version(int v, const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M) {
   switch (v) {
-    case 1: cuda::gemv_tc_group(Ws, ys, n, x, x_ld, M, g_st); return;
+    case 1: cuda::gemv_tc_group(Ws, ys, n, x, x_ld, M, gemv_scratch(), g_st); return;
     case 2: cuda::skr_run(Ws, ys, n, x, x_ld, M, g_sk, g_st); return;
     case 3:
       if (cuda::hyb_takes_skr(Ws, n, g_sk)) cuda::skr_run(Ws, ys, n, x, x_ld, M, g_sk, g_st);
-      else cuda::gemv_tc_group(Ws, ys, n, x, x_ld, M, g_st);
+      else cuda::gemv_tc_group(Ws, ys, n, x, x_ld, M, gemv_scratch(), g_st);
       return;
     default:
-      cuda::tc_slices_run(Ws, ys, n, x, x_ld, M, cuda::tiles_of(Ws, n), 1 << (v - 4),
+      cuda::tc_slices_run(Ws, ys, n, x, x_ld, M, cuda::tiles_of(Ws, n), 1 << (v - 4), 1, nullptr,
                           Ws[0]->layout == WeightRef::kTc32x64, g_st, [](int) {});
   }
 }
@@ -462,13 +463,14 @@ int main(int argc, char** argv) {
 
     // Checked only (small, odd shapes: ragged tiles, one warp, a group); then checked and timed.
     std::vector<Case> cases = {{"37x256", {37}, 256},       {"4100x128", {4100}, 128}, {"5x64", {5}, 64},
-                               {"group 640+33+96 x 1024", {640, 33, 96}, 1024}};
+                               {"group 640+33+96 x 1024", {640, 33, 96}, 1024}, {"72x192", {72}, 192}};
     const size_t n_small = cases.size();
     std::vector<Case> timed = {{"mlp gate|up 34816x5120", {34816}, 5120}, {"gdn in 16480x5120", {16480}, 5120},
                                {"mlp up/gate 17408x5120", {17408}, 5120}, {"mlp down 5120x17408", {5120}, 17408},
                                {"lm_head 248320x5120", {248320}, 5120},   {"gdn qkv 10240x5120", {10240}, 5120},
-                               {"attn o 5120x6144", {5120}, 6144},        {"kv proj 1024x5120", {1024}, 5120}};
-    if (quick) timed = {timed[0], timed[3], timed[6], timed[7]};
+                               {"attn o 5120x6144", {5120}, 6144},        {"kv proj 1024x5120", {1024}, 5120},
+                               {"dflash2 conv 1280x5120", {1280}, 5120},  {"selector 256x5120", {256}, 5120}};
+    if (quick) timed = {timed[0], timed[3], timed[6], timed[7], timed[8], timed[9]};
     cases.insert(cases.end(), timed.begin(), timed.end());
     int maxM = 16;
     for (int M : Ms) maxM = std::max(maxM, M);

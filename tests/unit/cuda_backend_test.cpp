@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,87 +78,202 @@ GroupOut group_out(Backend* be, const std::vector<int64_t>& rows, int M) {
   return o;
 }
 
+// A stream of the test's own, for the direct kernel calls.
+struct TestStream {
+  cudaStream_t st = nullptr;
+  TestStream() { EXPECT_EQ(cudaSuccess, cudaStreamCreate(&st)); }
+  ~TestStream() {
+    if (st) cudaStreamDestroy(st);
+  }
+};
+
+// A tensor-core GEMV case: the group's rows, its cols, the cross-block split it should get.
+struct TcCase {
+  std::vector<int64_t> rows;
+  int64_t cols;
+  int nsplit = 1;
+};
+
+// Random bf16 weights of a tensor-core GEMV group on the device, row-major (wp) and in the tiled
+// layout (wtp, gemv_tc_relayout; rows not multiples of 32 included), with a float64 reference of
+// their products with x (maxM rows) and the GEMV's split scratch (zero-filled by the backend).
+struct TcGroup {
+  std::vector<int64_t> rows;
+  int64_t cols = 0;
+  std::vector<HostWeight> hw;
+  std::vector<DevWeight> dw;
+  std::vector<DeviceBuffer> tbuf;
+  std::vector<WeightRef> wd, wt;
+  std::vector<const WeightRef*> wp, wtp;
+  std::vector<Ref> ref;
+  DeviceBuffer dx, scratch;
+};
+std::unique_ptr<TcGroup> tc_group(Backend* G, const std::vector<int64_t>& rows, int64_t cols, int maxM,
+                                  cudaStream_t st) {
+  auto g = std::make_unique<TcGroup>();
+  const int n = static_cast<int>(rows.size());
+  g->rows = rows;
+  g->cols = cols;
+  g->wd.resize(n);
+  g->wt.resize(n);
+  for (int i = 0; i < n; i++) {
+    g->hw.push_back(random_weight(DType::BF16, rows[i], cols, 900 + 13 * i + rows[i]));
+    g->dw.push_back(upload_weight(*G, g->hw.back()));
+    g->wd[i] = g->dw.back().ref;
+    g->tbuf.emplace_back(G, cuda::gemv_tc_tiled_bytes(rows[i], cols));
+    poison(*G, g->tbuf.back().get(), g->tbuf.back().bytes());
+    G->sync();
+    cuda::gemv_tc_relayout(g->wd[i].data, g->tbuf.back().get(), rows[i], cols, st);
+    g->wt[i] = g->wd[i];
+    g->wt[i].data = g->tbuf.back().get();
+    g->wt[i].layout = WeightRef::kTc32x64;
+  }
+  for (int i = 0; i < n; i++) {
+    g->wp.push_back(&g->wd[i]);
+    g->wtp.push_back(&g->wt[i]);
+  }
+  const auto x = randn(static_cast<size_t>(maxM) * cols, 321);
+  g->dx = to_device(*G, x);
+  for (int i = 0; i < n; i++) g->ref.push_back(ref_matmul(g->hw[i], x, maxM));
+  g->scratch = DeviceBuffer(G, cuda::gemv_tc_scratch_bytes());
+  G->sync();
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+  return g;
+}
+
+// Rows off .. off + M - 1 of the group's x through gemv_tc_group (schedule sched), into poisoned
+// outputs; the outputs downloaded, one vector a weight.
+std::vector<std::vector<float>> tc_run(Backend* G, const TcGroup& g, int M, int off, bool tiled, cudaStream_t st,
+                                       int sched = 0) {
+  const int n = static_cast<int>(g.rows.size());
+  auto [dy, yp] = group_out(G, g.rows, M);
+  G->sync();
+  cuda::gemv_tc_group(tiled ? g.wtp.data() : g.wp.data(), yp.data(), n, g.dx.f() + static_cast<size_t>(off) * g.cols,
+                      static_cast<int>(g.cols), M, g.scratch.get(), st, sched);
+  EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
+  std::vector<std::vector<float>> out(n);
+  for (int i = 0; i < n; i++) out[i] = from_device<float>(*G, dy[i].get(), static_cast<size_t>(M) * g.rows[i]);
+  return out;
+}
+
 // Every production tensor-core schedule (the rejected ones live in the kernel lab): each tracks float64 and
-// gives row m the same bits for every M. The shapes cover stream-K tiles cut into many pieces (few
-// rows, long rows), tiles one warp covers whole (many rows, short rows), a single warp, and a
-// grouped launch. The same weights in the tiled layout (gemv_tc_relayout; rows not multiples of
-// 32 included) give the row-major bits.
+// gives row m the same bits for every M. The shapes cover tiles cut into many column pieces (few
+// rows, long rows: the cross-block split), tiles one warp covers whole (many rows, short rows), a
+// single warp, and a grouped launch. The same weights in the tiled layout give the row-major bits.
 TEST(CudaMatmul, TcSchedulesMatchReferenceAndRowInvariant) {
   NEED_GPU();
-  cudaStream_t st = nullptr;
-  ASSERT_EQ(cudaSuccess, cudaStreamCreate(&st));
-  struct Case {
-    std::vector<int64_t> rows;
-    int64_t cols;
-  };
-  for (const Case& cs : {Case{{48}, 5120}, Case{{1000}, 4096}, Case{{37}, 256}, Case{{4100}, 128},
-                         Case{{640, 33, 96}, 1024}, Case{{5}, 64}}) {
+  const TestStream ts;
+  const cudaStream_t st = ts.st;
+  for (const TcCase& cs : {TcCase{{48}, 5120}, TcCase{{1000}, 4096}, TcCase{{37}, 256}, TcCase{{4100}, 128},
+                           TcCase{{640, 33, 96}, 1024}, TcCase{{5}, 64}}) {
     const int n = static_cast<int>(cs.rows.size());
-    std::vector<HostWeight> hw;
-    std::vector<DevWeight> dw;
-    std::vector<WeightRef> wd(n), wt(n);
-    std::vector<const WeightRef*> wp(n), wtp(n);
-    std::vector<DeviceBuffer> tbuf;
-    for (int i = 0; i < n; i++) {
-      hw.push_back(random_weight(DType::BF16, cs.rows[i], cs.cols, 900 + 13 * i + cs.rows[i]));
-      dw.push_back(upload_weight(*G, hw.back()));
-    }
-    for (int i = 0; i < n; i++) {
-      wd[i] = dw[i].ref;
-      wp[i] = &wd[i];
-      tbuf.emplace_back(G, cuda::gemv_tc_tiled_bytes(cs.rows[i], cs.cols));
-      poison(*G, tbuf.back().get(), tbuf.back().bytes());
-      G->sync();
-      cuda::gemv_tc_relayout(wd[i].data, tbuf.back().get(), cs.rows[i], cs.cols, st);
-      wt[i] = wd[i];
-      wt[i].data = tbuf.back().get();
-      wt[i].layout = WeightRef::kTc32x64;
-      wtp[i] = &wt[i];
-    }
-    ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(st));
     const int maxM = 16;
-    const auto x = randn(static_cast<size_t>(maxM) * cs.cols, 321);
-    const DeviceBuffer dx = to_device(*G, x);
-    std::vector<Ref> ref;
-    for (int i = 0; i < n; i++) ref.push_back(ref_matmul(hw[i], x, maxM));
+    const auto g = tc_group(G, cs.rows, cs.cols, maxM, st);
     for (int sched = 0; sched < cuda::gemv_tc_sched_count(); sched++) {
       const std::string what = std::string(cuda::gemv_tc_sched_name(sched)) + " " + std::to_string(cs.rows[0]) + "x" +
                                std::to_string(cs.cols) + (n > 1 ? " group" : "");
-      // run(M, off): rows off .. off + M - 1 of x through the schedule, outputs downloaded
-      auto run = [&](int M, int off, bool tiled = false) {
-        auto [dy, yp] = group_out(G, cs.rows, M);
-        G->sync();
-        cuda::gemv_tc_group(tiled ? wtp.data() : wp.data(), yp.data(), n, dx.f() + static_cast<size_t>(off) * cs.cols,
-                            static_cast<int>(cs.cols), M, st, sched);
-        EXPECT_EQ(cudaSuccess, cudaStreamSynchronize(st));
-        std::vector<std::vector<float>> out(n);
-        for (int i = 0; i < n; i++) out[i] = from_device<float>(*G, dy[i].get(), static_cast<size_t>(M) * cs.rows[i]);
-        return out;
-      };
       std::vector<std::vector<float>> one(n);
       for (int m = 0; m < maxM; m++) {
-        auto r = run(1, m);
+        auto r = tc_run(G, *g, 1, m, false, st, sched);
         for (int i = 0; i < n; i++) one[i].insert(one[i].end(), r[i].begin(), r[i].end());
       }
       for (int i = 0; i < n; i++)
-        EXPECT_TRUE(within(one[i], ref[i].y, ref[i].tol, what + " weight " + std::to_string(i) + " vs float64"));
+        EXPECT_TRUE(within(one[i], g->ref[i].y, g->ref[i].tol, what + " weight " + std::to_string(i) + " vs float64"));
       for (int M : {2, 3, 8, 9, 16}) {
         const int off = maxM - M;
-        auto r = run(M, off);
+        auto r = tc_run(G, *g, M, off, false, st, sched);
         for (int i = 0; i < n; i++)
           EXPECT_TRUE(same_bits(r[i].data(), one[i].data() + static_cast<size_t>(off) * cs.rows[i], r[i].size(),
                                 what + " weight " + std::to_string(i) + " M=" + std::to_string(M)));
       }
       for (int M : {1, 5, 16}) {
         const int off = maxM - M;
-        auto r = run(M, off, true);
+        auto r = tc_run(G, *g, M, off, true, st, sched);
         for (int i = 0; i < n; i++)
           EXPECT_TRUE(same_bits(r[i].data(), one[i].data() + static_cast<size_t>(off) * cs.rows[i], r[i].size(),
                                 what + " tiled layout, weight " + std::to_string(i) + " M=" + std::to_string(M)));
       }
     }
   }
-  cudaStreamDestroy(st);
+}
+
+// The cross-block split's rule (gemv_tc_split_blocks, from the shape only): every GEMV shape of the
+// 27B target and the drafter's large ones keep the plain grid (and the bits they had before the
+// split); the drafter's small grids split. Host-only: runs without a device.
+TEST(CudaMatmul, TcSplitRuleLeavesFullGridsAlone) {
+  struct Shape {
+    const char* name;
+    int64_t tiles, cols;
+    int nsplit;
+  };
+  for (const Shape& s : {Shape{"target gdn qkv|z|a|b", 320 + 192 + 2 + 2, 5120, 1},
+                         Shape{"target attn q|k|v", 384 + 32 + 32, 5120, 1},
+                         Shape{"target o / gdn out 5120x6144", 160, 6144, 1},
+                         Shape{"target gate|up", 1088, 5120, 1},
+                         Shape{"target down 5120x17408", 160, 17408, 1},
+                         Shape{"target head 248320x5120", 7760, 5120, 1},
+                         Shape{"mtp fc 5120x10240", 160, 10240, 1},
+                         Shape{"drafter fc 5120x25600", 160, 25600, 1},
+                         Shape{"drafter q|k|v", 128 + 32 + 32, 5120, 1},
+                         Shape{"drafter o 5120x4096", 160, 4096, 1},
+                         Shape{"drafter conv kernel projection 1280x5120", 40, 5120, 5},
+                         Shape{"drafter context k|v", 32 + 32, 5120, 4},
+                         Shape{"drafter selector 256x5120", 8, 5120, 5}})
+    EXPECT_EQ(cuda::gemv_tc_split_blocks(s.tiles, s.cols), s.nsplit) << s.name;
+}
+
+// The cross-block split on grids too small for the GPU: the drafter's conv kernel projection
+// (ks 8: slices added through shared memory, then 5 blocks), an odd shape with uneven slices
+// (2, 2, 3 chunks), a group whose tile groups straddle weights and end past the last tile, and an
+// odd shape the rule leaves unsplit. In both layouts: M = 1, 7, 8, 16 track float64; row m has the
+// same bits whatever M (the M = 1 call on row m against rows of the M = 8 and M = 16 calls);
+// two launches give the same bits (the partials are added in block order, whichever block
+// arrives last); the tiled layout gives the row-major bits.
+TEST(CudaMatmul, TcSplitSmallGridsMatchReferenceRowInvariantAndDeterministic) {
+  NEED_GPU();
+  const TestStream ts;
+  const cudaStream_t st = ts.st;
+  for (const TcCase& cs : {TcCase{{1280}, 5120, 5}, TcCase{{72}, 448, 3}, TcCase{{990, 200, 72}, 2048, 4},
+                           TcCase{{72}, 192, 1}}) {
+    const int n = static_cast<int>(cs.rows.size());
+    const int maxM = 16;
+    std::string what = std::to_string(cs.rows[0]) + "x" + std::to_string(cs.cols) + (n > 1 ? " group" : "");
+    int64_t tiles = 0;
+    for (int64_t r : cs.rows) tiles += (r + 31) / 32;
+    EXPECT_EQ(cuda::gemv_tc_split_blocks(tiles, cs.cols), cs.nsplit) << what;
+    const auto g = tc_group(G, cs.rows, cs.cols, maxM, st);
+    std::vector<std::vector<float>> base[2];  // [layout][weight]: the M = 16 call
+    for (int tiled = 0; tiled < 2; tiled++) {
+      const std::string wl = what + (tiled ? " tiled" : " row-major") + ", weight ";
+      for (int M : {1, 7, 8, 16}) {
+        const auto r = tc_run(G, *g, M, 0, tiled, st);
+        for (int i = 0; i < n; i++) {
+          const size_t len = static_cast<size_t>(M) * cs.rows[i];
+          const std::vector<double> ry(g->ref[i].y.begin(), g->ref[i].y.begin() + len),
+              rt(g->ref[i].tol.begin(), g->ref[i].tol.begin() + len);
+          EXPECT_TRUE(within(r[i], ry, rt, wl + std::to_string(i) + " M=" + std::to_string(M) + " vs float64"));
+        }
+        if (M == 16) base[tiled] = r;
+      }
+      for (int m = 0; m < maxM; m++) {  // row m alone, against row m of the M = 16 call and of an M = 8 call
+        const auto one = tc_run(G, *g, 1, m, tiled, st);
+        const int off8 = m < 8 ? 0 : 8;
+        const auto eight = tc_run(G, *g, 8, off8, tiled, st);
+        for (int i = 0; i < n; i++) {
+          const std::string w = wl + std::to_string(i) + " row " + std::to_string(m);
+          EXPECT_TRUE(same_bits(one[i].data(), base[tiled][i].data() + static_cast<size_t>(m) * cs.rows[i],
+                                one[i].size(), w + ": M=1 vs M=16"));
+          EXPECT_TRUE(same_bits(one[i].data(), eight[i].data() + static_cast<size_t>(m - off8) * cs.rows[i],
+                                one[i].size(), w + ": M=1 vs M=8"));
+        }
+      }
+      const auto again = tc_run(G, *g, 16, 0, tiled, st);  // a second launch (the tickets were reset)
+      for (int i = 0; i < n; i++)
+        EXPECT_TRUE(same_bits(again[i], base[tiled][i], wl + std::to_string(i) + ": a second M=16 launch"));
+    }
+    for (int i = 0; i < n; i++)
+      EXPECT_TRUE(same_bits(base[1][i], base[0][i], what + " weight " + std::to_string(i) + ": tiled vs row-major"));
+  }
 }
 
 // A scratch buffer that must grow moves (graph_epoch advances, so older recordings are not

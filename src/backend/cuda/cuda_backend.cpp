@@ -12,10 +12,13 @@
 namespace qf::cuda {
 
 // ---- dense ops ---------------------------------------------------------------------------------
+// The tensor-core GEMV's split scratch (kernels.h): one size for every shape, so it grows once,
+// at the first matmul (never inside a recorded pass: each is run directly first).
 void CudaBackend::matmul(const WeightRef& W, const float* x, float* y, int M) {
   if (M <= 0) return;
+  void* gs = ensure(gemv_, gemv_tc_scratch_bytes());
   if ((reinterpret_cast<uintptr_t>(x) & 15) == 0 && W.cols % 4 == 0) {
-    gemv(W, x, static_cast<int>(W.cols), y, M, st_);
+    gemv(W, x, static_cast<int>(W.cols), y, M, gs, st_);
     return;
   }
   // The kernel reads activations as 16-byte vectors: restage x with a padded row stride.
@@ -23,7 +26,7 @@ void CudaBackend::matmul(const WeightRef& W, const float* x, float* y, int M) {
   float* t = static_cast<float*>(ensure(xs_, static_cast<size_t>(M) * ld * sizeof(float)));
   QF_CUDA_CHECK(cudaMemcpy2DAsync(t, ld * sizeof(float), x, W.cols * sizeof(float), W.cols * sizeof(float), M,
                                   cudaMemcpyDeviceToDevice, st_));
-  gemv(W, t, ld, y, M, st_);
+  gemv(W, t, ld, y, M, gs, st_);
 }
 
 void CudaBackend::matmul_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int M) {
@@ -41,7 +44,7 @@ void CudaBackend::matmul_group(const WeightRef* const* Ws, float* const* ys, int
     for (int i = 0; i < n; i++) matmul(*Ws[i], x, ys[i], M);
     return;
   }
-  gemv_tc_group(Ws, ys, n, x, static_cast<int>(Ws[0]->cols), M, st_);
+  gemv_tc_group(Ws, ys, n, x, static_cast<int>(Ws[0]->cols), M, ensure(gemv_, gemv_tc_scratch_bytes()), st_);
 }
 
 // Prefill GEMM (gemm.h): cuBLASLt pinned per shape, for bf16 weights and int4 weights (dequantized

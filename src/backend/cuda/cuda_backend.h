@@ -115,7 +115,8 @@ class CudaBackend final : public Backend {
   // cuda_memory.cpp
   void* raw_alloc(size_t bytes, const char* what);
   static void free_noexcept(void* p);
-  // Grows a scratch buffer. Waits for the stream first: queued kernels may still use the old one.
+  // Grows a scratch buffer (zero-filled). Waits for the stream first: queued kernels may still use
+  // the old one.
   void* ensure(Scratch& s, size_t bytes);
   void h2d_staged(void* dst_v, const void* src_v, size_t bytes);
   bool ensure_ring();
@@ -142,7 +143,7 @@ class CudaBackend final : public Backend {
   cudaStream_t st_ = nullptr;
   DevError* err_host_ = nullptr;  // mapped pinned record (nullptr: err_dev_ is device memory)
   DevError* err_dev_ = nullptr;
-  Scratch xs_, attn_, gdn_, argmax_, topk_, move_;
+  Scratch xs_, attn_, gdn_, argmax_, topk_, move_, gemv_;
   GemmRunner gemm_;  // the prefill GEMM: cuBLASLt handle, pinned configurations, scratch (gemm.h)
   void* stage_[2] = {nullptr, nullptr};
   cudaEvent_t stage_ev_[2] = {nullptr, nullptr};

@@ -181,6 +181,7 @@ void* CudaBackend::ensure(Scratch& s, size_t bytes) {
   const size_t want = bytes + bytes / 4 + 256;
   s.p = raw_alloc(want, "scratch");
   s.bytes = want;
+  QF_CUDA_CHECK(cudaMemsetAsync(s.p, 0, want, st_));  // the GEMV split's tickets start at zero
   return s.p;
 }
 

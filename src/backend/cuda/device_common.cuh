@@ -393,11 +393,12 @@ __device__ __forceinline__ int tc_seg_of(const Params& P, int tile) {
   return s;
 }
 
-// A warp's finished sums of one tile, stored into Y ([M][nrows], the tile's first row row0).
-// Accumulator element e of tile (a, j): row row0 + 16a + g + 8(e / 2), token 8j + 2t + (e % 2).
-template <int NT>
-__device__ __forceinline__ void tc_write_tile(float* Y, int nrows, int M, int row0, int g, int t,
-                                              const float (&v)[2][NT][4]) {
+// A warp's finished sums of one tile, each value v of row r (< nrows), token m (< M) handed to
+// put(r, m, v); row0 is the tile's first row. Accumulator element e of tile (a, j): row
+// row0 + 16a + g + 8(e / 2), token 8j + 2t + (e % 2).
+template <int NT, class Put>
+__device__ __forceinline__ void tc_put_tile(int nrows, int M, int row0, int g, int t, const float (&v)[2][NT][4],
+                                            Put&& put) {
 #pragma unroll
   for (int a = 0; a < 2; a++)
 #pragma unroll
@@ -405,17 +406,26 @@ __device__ __forceinline__ void tc_write_tile(float* Y, int nrows, int M, int ro
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int r = row0 + 16 * a + g + 8 * (e >> 1), m = 8 * j + 2 * t + (e & 1);
-        if (r < nrows && m < M) Y[static_cast<size_t>(m) * nrows + r] = v[a][j][e];
+        if (r < nrows && m < M) put(r, m, v[a][j][e]);
       }
 }
 
-// A warp's results to y. One slice: stored directly (y_seg(): the segment's output, nrows its
-// rows); else partial sums through shared memory, added in slice order.
-template <int NT, int MaxSeg, class Params, class YSeg>
-__device__ __forceinline__ void tc_store_y(const Params& P, const float (&acc)[2][NT][4], YSeg&& y_seg, int row0,
-                                           int nrows, int warp, int lane, int g, int t) {
+// tc_put_tile into Y ([M][nrows]).
+template <int NT>
+__device__ __forceinline__ void tc_write_tile(float* Y, int nrows, int M, int row0, int g, int t,
+                                              const float (&v)[2][NT][4]) {
+  tc_put_tile<NT>(nrows, M, row0, g, t, v, [&](int r, int m, float x) { Y[static_cast<size_t>(m) * nrows + r] = x; });
+}
+
+// A block's finished sums: the value v of row r of segment sg, token m (r < the segment's rows,
+// m < P.M) goes to put(sg, r, m, v). One slice: each warp's own sums (seg, row0, nrows: its
+// tile's; nrows 0 past the last tile); else partial sums through shared memory, added in slice
+// order. tile_base: the block's first tile.
+template <int NT, int MaxSeg, class Params, class Put>
+__device__ __forceinline__ void tc_reduce_block(const Params& P, const float (&acc)[2][NT][4], int tile_base, int seg,
+                                                int row0, int nrows, int warp, int lane, int g, int t, Put&& put) {
   if (P.ks == 1) {
-    tc_write_tile<NT>(y_seg(), nrows, P.M, row0, g, t, acc);
+    tc_put_tile<NT>(nrows, P.M, row0, g, t, acc, [&](int r, int m, float v) { put(seg, r, m, v); });
     return;
   }
   extern __shared__ float red[];  // [warp][a][j][e][lane]
@@ -430,7 +440,7 @@ __device__ __forceinline__ void tc_store_y(const Params& P, const float (&acc)[2
   for (int idx = threadIdx.x; idx < P.tiles_per_block * per_tile; idx += blockDim.x) {
     const int tl = idx / per_tile, rem = idx % per_tile;
     const int ln = rem % 32, e = (rem / 32) % 4, j = (rem / 128) % NT, a = rem / (128 * NT);
-    const int gt = blockIdx.x * P.tiles_per_block + tl;
+    const int gt = tile_base + tl;
     if (gt >= P.tile0[P.nseg]) continue;
     const int sg = tc_seg_of<MaxSeg>(P, gt);
     const int rows_s = P.rows[sg];
@@ -439,8 +449,23 @@ __device__ __forceinline__ void tc_store_y(const Params& P, const float (&acc)[2
     if (r >= rows_s || m >= P.M) continue;
     float s = 0.0f;
     for (int k = 0; k < P.ks; k++) s = __fadd_rn(s, red[((((tl * P.ks + k) * 2 + a) * NT + j) * 4 + e) * 32 + ln]);
-    P.y[sg][static_cast<size_t>(m) * rows_s + r] = s;
+    put(sg, r, m, s);
   }
+}
+
+// A warp's results to y (segment sg: P.y[sg], [M][P.rows[sg]]): tc_reduce_block of block
+// blockIdx.x, whose tiles are blockIdx.x * P.tiles_per_block onwards.
+template <int NT, int MaxSeg, class Params>
+__device__ __forceinline__ void tc_store_y(const Params& P, const float (&acc)[2][NT][4], int seg, int row0, int nrows,
+                                           int warp, int lane, int g, int t) {
+  if (P.ks == 1) {
+    tc_write_tile<NT>(P.y[seg], nrows, P.M, row0, g, t, acc);
+    return;
+  }
+  tc_reduce_block<NT, MaxSeg>(P, acc, static_cast<int>(blockIdx.x) * P.tiles_per_block, seg, row0, nrows, warp, lane,
+                              g, t, [&](int sg, int r, int m, float v) {
+                                P.y[sg][static_cast<size_t>(m) * P.rows[sg] + r] = v;
+                              });
 }
 
 }  // namespace qf::cuda

@@ -65,7 +65,7 @@ GemvParams gemv_params(const WeightRef& W, int x_ld, int ks, bool* vec_out) {
 
 int gemv_bucket(int m) { return bucket(m); }
 
-void gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st) {
+void gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, void* scratch, cudaStream_t st) {
   if (M <= 0 || W.rows <= 0) return;
   if (!W.data) backend_fail("cuda matmul: weight has no data");
   if (W.rows > INT32_MAX / 2 || W.cols > INT32_MAX / 2)
@@ -78,11 +78,11 @@ void gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStr
     return;
   }
   if (W.layout == WeightRef::kTc32x64) {  // re-laid out for the tensor-core kernel: only it reads this
-    gemv_tc(W, x, x_ld, y, M, st);
+    gemv_tc(W, x, x_ld, y, M, scratch, st);
     return;
   }
   if (gemv_tc_enabled() && gemv_tc_eligible(W)) {
-    gemv_tc(W, x, x_ld, y, M, st);
+    gemv_tc(W, x, x_ld, y, M, scratch, st);
     return;
   }
   bool vec = false;

@@ -3,6 +3,8 @@
 // (stream-K, hybrid) and the forced column splits live in the kernel lab, bench/lab_gemv_tc.cu.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backend/cuda/gemv_tc_impl.cuh"
@@ -53,12 +55,25 @@ bool gemv_tc_eligible(const WeightRef& W) {
 // Column slices from the shape alone (never from M), in units of 64-column chunks.
 int gemv_tc_slices(int64_t tiles, int64_t cols) { return tc_column_slices(tiles, cols / 64, kTcWarps); }
 
-// The production schedules, numbered from 0 (the default). One today: column slices.
+// The cross-block split (gemv_tc_impl.cuh, tc_split_blocks), unless QFLASH_TC_SPLIT=off (A/B runs:
+// the plain grid for every shape; one setting for the whole process, so decode and verify agree).
+int gemv_tc_split_blocks(int64_t tiles, int64_t cols) {
+  static const bool off = [] {
+    const char* e = std::getenv("QFLASH_TC_SPLIT");
+    return e && (std::strcmp(e, "off") == 0 || std::strcmp(e, "0") == 0);
+  }();
+  return off ? 1 : tc_split_blocks(tiles, cols / 64, gemv_tc_slices(tiles, cols));
+}
+
+size_t gemv_tc_scratch_bytes() { return kTcScratchBytes; }
+
+// The production schedules, numbered from 0 (the default). One today: column slices (split across
+// blocks where the grid is small).
 int gemv_tc_sched_count() { return 1; }
 const char* gemv_tc_sched_name(int v) { return v == 0 ? "slices" : "?"; }
 
 void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
-                   cudaStream_t st, int sched) {
+                   void* scratch, cudaStream_t st, int sched) {
   if (n < 1 || n > kTcMaxSeg) backend_fail("cuda matmul (tc): %d weights in one group (1..%d)", n, kTcMaxSeg);
   if (sched < 0 || sched >= gemv_tc_sched_count()) backend_fail("cuda matmul (tc): no schedule %d", sched);
   int64_t tiles = 0;
@@ -68,21 +83,23 @@ void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const fl
     if (Ws[i]->layout != Ws[0]->layout) backend_fail("cuda matmul (tc): grouped weights differ in layout");
     tiles += (Ws[i]->rows + 31) / 32;
   }
+  const int64_t cols = Ws[0]->cols;
+  const int nsplit = gemv_tc_split_blocks(tiles, cols);
   // Profiler tag (qflash bench --profile): the shape, the rows and the schedule of each launch.
   auto tag = [&](int mg) {
     if (!prof_on()) return;
     std::string r;
     for (int i = 0; i < n; i++) r += fmt_str(i ? "+%lld" : "%lld", (long long)Ws[i]->rows);
-    prof_tag("%s x %lld, M=%d, %s%s", r.c_str(), (long long)Ws[0]->cols, mg, gemv_tc_sched_name(sched),
-             tiled ? ", tiled" : "");
+    prof_tag("%s x %lld, M=%d, %s%s%s", r.c_str(), (long long)cols, mg, gemv_tc_sched_name(sched),
+             nsplit > 1 ? fmt_str(", split %d", nsplit).c_str() : "", tiled ? ", tiled" : "");
   };
-  tc_slices_run(Ws, ys, n, x, x_ld, M, tiles, gemv_tc_slices(tiles, static_cast<int>(Ws[0]->cols)), tiled, st, tag);
+  tc_slices_run(Ws, ys, n, x, x_ld, M, tiles, gemv_tc_slices(tiles, cols), nsplit, scratch, tiled, st, tag);
 }
 
-void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int sched) {
+void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, void* scratch, cudaStream_t st, int sched) {
   const WeightRef* ws[1] = {&W};
   float* ys[1] = {y};
-  gemv_tc_group(ws, ys, 1, x, x_ld, M, st, sched);
+  gemv_tc_group(ws, ys, 1, x, x_ld, M, scratch, st, sched);
 }
 
 }  // namespace qf::cuda

@@ -11,9 +11,18 @@
 //
 // Row-invariance. Token m always sits in column m % 8 of token tile m / 8, and an MMA output
 // element depends only on its own A row, its own B column and its own accumulator. The k order
-// (a fixed permutation of the columns inside each 64-column chunk), the chunk order and the
-// column-slice reduction depend on the matrix shape only. So token m's result is bit-identical
-// for every M: decode (M = 1, seven zero columns) and verify (M = k + 1) agree bit for bit.
+// (a fixed permutation of the columns inside each 64-column chunk), the chunk order, the
+// column-slice reduction and the cross-block split (tc_split_blocks) depend on the matrix shape
+// only. So token m's result is bit-identical for every M: decode (M = 1, seven zero columns) and
+// verify (M = k + 1) agree bit for bit.
+//
+// Cross-block split (matrices with too few 32-row tiles to fill the GPU, e.g. the drafter's
+// 1280 x 5120 conv kernel projection: 40 tiles, 40 blocks on 132 SMs). The blocks of a tile group
+// (the tiles one block serves) are split further by columns: block cb of nsplit sums its chunks
+// exactly as a block of the plain grid sums its own (warps' slices, added in slice order), stores
+// that partial to a scratch slot, and the last of the group's blocks to arrive (an atomic ticket
+// per group) adds the nsplit slots in block order 0, 1, .. into y. The order is fixed whichever
+// block arrives last: deterministic and, the split being a function of the shape, row-invariant.
 //
 // Geometry. A warp owns 32 weight rows (two 16-row A tiles) and one column slice. Lane (g, t),
 // g = lane / 4, t = lane % 4, reads 16 bytes twice from rows g, g + 8, g + 16, g + 24 of its
@@ -22,6 +31,8 @@
 // and logical k-pair t + 4 <- columns 16t + 4s + {2,3}. The B fragment for token g uses the same
 // mapping, so the permutation cancels in the dot product.
 #pragma once
+#include <algorithm>
+
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
 
@@ -32,6 +43,18 @@ namespace {
 constexpr int kTcWarps = 8;  // warps per block
 
 constexpr int kTcMaxSeg = 4;  // weights sharing one launch (same x, same cols)
+
+// The cross-block split's scratch (gemv_tc_scratch_bytes): kTcTickets arrival tickets (ints,
+// zero between launches), then the partial slots, one per (column block, tile) of 16 tokens x 32
+// rows. The split keeps nsplit * blocks <= kTcConcurrentBlocks and a block serves <= kTcWarps
+// tiles, so nsplit * tiles <= kTcConcurrentBlocks * kTcWarps slots, and its tile groups (blocks of
+// the plain grid) number < kTcConcurrentBlocks / 2 < kTcTickets.
+constexpr int kTcTickets = 1024;
+constexpr int kTcSlotFloats = 16 * 32;
+constexpr size_t kTcScratchBytes =
+    kTcTickets * sizeof(int) + static_cast<size_t>(kTcConcurrentBlocks) * kTcWarps * kTcSlotFloats * sizeof(float);
+// A warp's slice under the split keeps at least this many 64-column chunks (its double buffer).
+constexpr int kTcSplitMinChunks = 2;
 
 struct TcParams {
   // Segment i: weight w[i] [rows[i], cols] -> y[i] [M, rows[i]]; its 32-row tiles are the global
@@ -47,6 +70,11 @@ struct TcParams {
   int cps;              // chunks per slice
   int nchunks;          // cols / 64
   int tiles_per_block;  // kTcWarps / ks
+  // Cross-block split (gemv_tc_kernel<.., XS = true>): nsplit blocks share each tile group's
+  // columns; ticket[group] counts their arrivals, part holds their partial sums.
+  int nsplit;
+  int* ticket;
+  float* part;  // [nsplit][tiles][16 tokens][32 rows]
 };
 
 __device__ __forceinline__ uint32_t bf16_rn_bits(float v) {
@@ -117,18 +145,48 @@ __device__ __forceinline__ void tc_chunk(const uint4 (&w)[8], const float* const
       for (int e = 0; e < 4; e++) acc[a][j][e] = __fadd_rn(acc[a][j][e], cacc[a][j][e]);
 }
 
-// TL: the weights are in the tiled layout (gemv_tc_relayout) instead of row-major.
-template <int NT, bool TL>
+// The cross-block split's end for tile group tg: this block's partial is in its slots. The last
+// of the group's P.nsplit blocks to arrive adds every block's slot in block order (whichever block
+// that is: a fixed order), writes y and resets the group's ticket for the next launch. The slots
+// of other blocks are read through L2 (__ldcg) after the fence that follows the ticket.
+template <int MaxSeg, class Params>
+__device__ __forceinline__ void tc_split_finish(const Params& P, int tg) {
+  __shared__ int last;
+  __threadfence();  // this thread's slot stores, before the block's arrival
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(P.ticket + tg, 1) == P.nsplit - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const int ntiles = P.tile0[P.nseg], per_tile = 32 * P.M;
+  const size_t stride = static_cast<size_t>(ntiles) * kTcSlotFloats;  // from one block's slots to the next's
+  for (int idx = threadIdx.x; idx < P.tiles_per_block * per_tile; idx += blockDim.x) {
+    const int gt = tg * P.tiles_per_block + idx / per_tile, m = idx % per_tile / 32, rt = idx % 32;
+    if (gt >= ntiles) continue;
+    const int sg = tc_seg_of<MaxSeg>(P, gt), r = (gt - P.tile0[sg]) * 32 + rt;
+    if (r >= P.rows[sg]) continue;
+    const float* p = P.part + static_cast<size_t>(gt) * kTcSlotFloats + m * 32 + rt;
+    float s = 0.0f;
+    for (int b = 0; b < P.nsplit; b++) s = __fadd_rn(s, __ldcg(p + b * stride));
+    P.y[sg][static_cast<size_t>(m) * P.rows[sg] + r] = s;
+  }
+  if (threadIdx.x == 0) P.ticket[tg] = 0;
+}
+
+// TL: the weights are in the tiled layout (gemv_tc_relayout) instead of row-major. XS: the
+// cross-block split (P.nsplit > 1: block b serves tile group b / nsplit, column block b % nsplit);
+// without it, block b is tile group b and its slices are the plain grid's, as before the split.
+template <int NT, bool TL, bool XS>
 __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P) {
   pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int slice = warp % P.ks, rl = warp / P.ks;
-  const int gtile = blockIdx.x * P.tiles_per_block + rl;
+  const int tg = XS ? static_cast<int>(blockIdx.x) / P.nsplit : static_cast<int>(blockIdx.x);
+  const int gtile = tg * P.tiles_per_block + rl;
   const int seg = tc_seg_of<kTcMaxSeg>(P, gtile);
   const int nrows = gtile < P.tile0[P.nseg] ? P.rows[seg] : 0;  // tiles past the end: no rows
   const uint16_t* W = P.w[seg];
-  float* Y = P.y[seg];
   const int row0 = (gtile - P.tile0[seg]) * 32;
 
   // Rows of this lane: i = 0..3 -> row0 + 16 * (i / 2) + g + 8 * (i % 2).
@@ -145,8 +203,17 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P
   float acc[2][NT][4];
   tc_warp_rows<NT>(P.x, P.M, P.x_ld, g, 0, xv, xp, acc);
 
-  const int ch0 = slice * P.cps;
-  const int ch1 = min(ch0 + P.cps, P.nchunks);
+  // Chunks [ch0, ch1): slice `slice` of cps chunks; under the split, slice cb * ks + slice of the
+  // ks * nsplit slices, as even as can be (floor(s n / S) .. floor((s + 1) n / S)).
+  int ch0, ch1;
+  if constexpr (XS) {
+    const int64_t ns = static_cast<int64_t>(P.ks) * P.nsplit, s = (blockIdx.x % P.nsplit) * P.ks + slice;
+    ch0 = static_cast<int>(s * P.nchunks / ns);
+    ch1 = static_cast<int>((s + 1) * P.nchunks / ns);
+  } else {
+    ch0 = slice * P.cps;
+    ch1 = min(ch0 + P.cps, P.nchunks);
+  }
   const uint4 z4 = make_uint4(0u, 0u, 0u, 0u);
 
   // Tiled layout: this warp's tile is one contiguous run of nchunks 4 KB blocks.
@@ -179,15 +246,52 @@ __global__ void __launch_bounds__(kTcWarps * 32) gemv_tc_kernel(const TcParams P
     for (int v = 0; v < 8; v++) wcur[v] = wnxt[v];
   }
 
-  tc_store_y<NT, kTcMaxSeg>(P, acc, [&] { return Y; }, row0, nrows, warp, lane, g, t);
+  if constexpr (XS) {
+    // This block's sums (slices added in slice order, as tc_store_y adds them) to its slots.
+    float* part = P.part + static_cast<size_t>(blockIdx.x % P.nsplit) * P.tile0[P.nseg] * kTcSlotFloats;
+    tc_reduce_block<NT, kTcMaxSeg>(P, acc, tg * P.tiles_per_block, seg, row0, nrows, warp, lane, g, t,
+                                   [&](int sg, int r, int m, float v) {
+                                     part[static_cast<size_t>(P.tile0[sg] + (r >> 5)) * kTcSlotFloats + m * 32 +
+                                          (r & 31)] = v;
+                                   });
+    tc_split_finish<kTcMaxSeg>(P, tg);
+  } else {
+    tc_store_y<NT, kTcMaxSeg>(P, acc, seg, row0, nrows, warp, lane, g, t);
+  }
+}
+
+// Column blocks per tile group of the cross-block split, from the shape alone (never from M):
+// tiles (32-row tiles of the group), nchunks (64-column chunks), ks (column slices per block,
+// tc_column_slices). 1, the plain grid, where that grid has more than kTcConcurrentBlocks / 2 =
+// 132 blocks (a block for every SM of an H100 / H200 already): every matrix of the 27B target
+// (>= 160 tiles: 5120+ rows, >= 160 blocks) and the drafter's fc, q|k|v, o, gate|up, down and
+// head keep the schedule and the bits they had before the split. Else the most blocks that keep
+// the grid within one wave (kTcConcurrentBlocks) and every warp's slice >= kTcSplitMinChunks
+// chunks; e.g. 1280 x 5120 (40 tiles, ks 8): 40 -> 200 blocks of 2 chunks a warp.
+inline int tc_split_blocks(int64_t tiles, int64_t nchunks, int ks) {
+  const int64_t blocks = (tiles * ks + kTcWarps - 1) / kTcWarps;
+  if (2 * blocks > kTcConcurrentBlocks) return 1;
+  const int64_t s = std::min<int64_t>(kTcConcurrentBlocks / blocks, nchunks / (static_cast<int64_t>(ks) * kTcSplitMinChunks));
+  return s > 1 ? static_cast<int>(s) : 1;
+}
+
+// One launch of gemv_tc_kernel<NT, ..> in the layout and split asked for.
+template <int NT>
+void tc_launch(bool tiled, bool xs, unsigned grid, cudaStream_t st, const TcParams& P) {
+  const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * NT * 4 * 32 * sizeof(float) : 0;
+  auto* k = tiled ? (xs ? gemv_tc_kernel<NT, true, true> : gemv_tc_kernel<NT, true, false>)
+                  : (xs ? gemv_tc_kernel<NT, false, true> : gemv_tc_kernel<NT, false, false>);
+  launch_k(k, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
 }
 
 // The column-slice launches of up to kTcMaxSeg weights with the same cols (tiles: their 32-row
-// tiles together), in passes of 16 token rows; ks column slices (1, 2, 4 or 8). gemv_tc_group
-// passes gemv_tc_slices(tiles, cols); the kernel lab forces others. tag(mg) runs before each launch.
+// tiles together), in passes of 16 token rows; ks column slices (1, 2, 4 or 8), nsplit column
+// blocks per tile group (1: no cross-block split; else scratch: kTcScratchBytes, its tickets
+// zero). gemv_tc_group passes gemv_tc_slices(tiles, cols) and tc_split_blocks; the kernel lab
+// forces others. tag(mg) runs before each launch.
 template <class Tag>
 void tc_slices_run(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M, int64_t tiles,
-                   int ks, bool tiled, cudaStream_t st, Tag&& tag) {
+                   int ks, int nsplit, void* scratch, bool tiled, cudaStream_t st, Tag&& tag) {
   TcParams P{};
   tc_fill_segments<uint16_t>(P, Ws, n, x_ld, tiles);
   P.ks = ks;
@@ -195,20 +299,27 @@ void tc_slices_run(const WeightRef* const* Ws, float* const* ys, int n, const fl
   P.nchunks = P.cols / 64;
   P.cps = (P.nchunks + P.ks - 1) / P.ks;
   P.tiles_per_block = kTcWarps / P.ks;
-  const unsigned grid = static_cast<unsigned>((tiles + P.tiles_per_block - 1) / P.tiles_per_block);
+  const int64_t groups = (tiles + P.tiles_per_block - 1) / P.tiles_per_block;
+  P.nsplit = nsplit;
+  if (nsplit > 1) {
+    if (!scratch || groups > kTcTickets || nsplit > P.nchunks ||
+        kTcTickets * sizeof(int) + static_cast<size_t>(nsplit) * tiles * kTcSlotFloats * sizeof(float) > kTcScratchBytes)
+      backend_fail("cuda matmul (tc): a %lld-tile split over %d blocks needs the GEMV scratch (%zu bytes%s)",
+                   (long long)tiles, nsplit, kTcScratchBytes, scratch ? ", too small" : ", none given");
+    P.ticket = static_cast<int*>(scratch);
+    P.part = reinterpret_cast<float*>(static_cast<char*>(scratch) + kTcTickets * sizeof(int));
+  }
+  const unsigned grid = static_cast<unsigned>(groups * nsplit);
   for (int g0 = 0; g0 < M; g0 += 16) {
     const int mg = M - g0 < 16 ? M - g0 : 16;
     P.M = mg;
     P.x = x + static_cast<size_t>(g0) * x_ld;
     for (int i = 0; i < n; i++) P.y[i] = ys[i] + static_cast<size_t>(g0) * Ws[i]->rows;
     tag(mg);
-    if (mg <= 8) {
-      const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 1 * 4 * 32 * sizeof(float) : 0;
-      launch_k(tiled ? gemv_tc_kernel<1, true> : gemv_tc_kernel<1, false>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
-    } else {
-      const size_t smem = P.ks > 1 ? static_cast<size_t>(kTcWarps) * 2 * 2 * 4 * 32 * sizeof(float) : 0;
-      launch_k(tiled ? gemv_tc_kernel<2, true> : gemv_tc_kernel<2, false>, dim3(grid), dim3(kTcWarps * 32), smem, st, P);
-    }
+    if (mg <= 8)
+      tc_launch<1>(tiled, nsplit > 1, grid, st, P);
+    else
+      tc_launch<2>(tiled, nsplit > 1, grid, st, P);
     QF_CUDA_LAUNCH_CHECK("gemv_tc_kernel");
   }
 }

@@ -329,7 +329,7 @@ __global__ void __launch_bounds__(kQ4Warps * 32, NT == 1 ? 2 : 1) gemv_tc_q4_ker
     }
   }
 
-  tc_store_y<NT, kQ4MaxSeg>(P, acc, [&] { return P.y[seg]; }, row0, nrows, warp, lane, g, t);
+  tc_store_y<NT, kQ4MaxSeg>(P, acc, seg, row0, nrows, warp, lane, g, t);
 }
 
 // Recipe::pre_x: the activations of M <= 16 tokens as the kernel's lanes would make them, once per

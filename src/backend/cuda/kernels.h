@@ -25,18 +25,26 @@ enum DevErrCode : int { kErrNone = 0, kErrEmbedId = 1, kErrKvWrite = 2, kErrSele
 // multiple of 4 (the backend stages x when it is not). Row-invariant: see cuda_kernels.md. The
 // column split depends on the matrix shape alone, never on M. Schedule experiments (forced splits,
 // the CUDA-core GEMV's R/U variants, stream-K) live in the kernel lab, bench/lab_gemv_*.cu.
-void gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st);
+// scratch: gemv_tc_scratch_bytes() of device memory, zero-filled before its first use, for the
+// tensor-core path's cross-block split (every launch leaves it fit for the next; one stream at a
+// time); shapes that do not split ignore it, and may pass nullptr.
+void gemv(const WeightRef& W, const float* x, int x_ld, float* y, int M, void* scratch, cudaStream_t st);
 // Tensor-core path (gemv_tc.cu): bf16 weights with cols % 64 == 0 take it for every M (decode
 // included), unless QFLASH_GEMV=fma selects the CUDA-core kernel for the whole process.
 bool gemv_tc_eligible(const WeightRef& W);
 int gemv_tc_slices(int64_t tiles, int64_t cols);  // tiles: 32-row tiles of the (grouped) weights
+// Column blocks sharing each tile group's columns (1: no cross-block split), from the shape
+// alone; QFLASH_TC_SPLIT=off makes it 1 for every shape.
+int gemv_tc_split_blocks(int64_t tiles, int64_t cols);
+size_t gemv_tc_scratch_bytes();  // the scratch the split needs (the same for every shape)
 // `sched` numbers the production schedules, 0 (the default) .. gemv_tc_sched_count() - 1; the
-// tests run each. One today: column slices.
-void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, cudaStream_t st, int sched = 0);
+// tests run each. One today: column slices (split across blocks where the grid is small).
+void gemv_tc(const WeightRef& W, const float* x, int x_ld, float* y, int M, void* scratch, cudaStream_t st,
+             int sched = 0);
 // Up to 4 tc-eligible weights with the same cols reading the same x, in one launch; the split
 // is chosen from the group's total rows and cols (shape-only).
 void gemv_tc_group(const WeightRef* const* Ws, float* const* ys, int n, const float* x, int x_ld, int M,
-                   cudaStream_t st, int sched = 0);
+                   void* scratch, cudaStream_t st, int sched = 0);
 int gemv_tc_sched_count();
 const char* gemv_tc_sched_name(int sched);
 // The tensor-core GEMV's own weight layout (WeightRef::kTc32x64): for every 32-row tile and
