@@ -229,6 +229,57 @@ TEST(CudaMatmul, TcSplitRuleLeavesFullGridsAlone) {
 // same bits whatever M (the M = 1 call on row m against rows of the M = 8 and M = 16 calls);
 // two launches give the same bits (the partials are added in block order, whichever block
 // arrives last); the tiled layout gives the row-major bits.
+// The selector walk's table form (every step x predecessor x candidate score at once, then a
+// one-warp walk) against the one-block sequential walk: the same drafts and the same score bits,
+// with ties (a slot's best candidate twice: the first must win), at the 27B drafter's shape (R 256,
+// K 16) and small ones, bf16 and f32 codebooks.
+TEST(CudaSelector, TableWalkEqualsSequentialWalkBitForBit) {
+  NEED_GPU();
+  const TestStream ts;
+  struct C { int V, R, K, k; DType dt; bool ties; };
+  for (const C& c : {C{248320, 256, 16, 7, DType::BF16, false}, C{248320, 256, 16, 15, DType::BF16, true},
+                     C{5000, 64, 16, 15, DType::F32, true}, C{300, 16, 4, 1, DType::BF16, false},
+                     C{1000, 40, 32, 9, DType::BF16, true}, C{1000, 32, 5, 3, DType::F32, false}}) {
+    const std::string what = "V" + std::to_string(c.V) + " R" + std::to_string(c.R) + " K" + std::to_string(c.K) +
+                             " k" + std::to_string(c.k) + (c.ties ? " ties" : "");
+    const HostWeight Epre = random_weight(c.dt, c.V, c.R, 11), Esuc = random_weight(c.dt, c.V, c.R, 12);
+    const DevWeight dEpre = upload_weight(*G, Epre), dEsuc = upload_weight(*G, Esuc);
+    std::vector<int32_t> ids(static_cast<size_t>(c.k) * c.K);
+    uint64_t s = 7;
+    for (auto& i : ids) i = static_cast<int32_t>((s = splitmix64(s)) % c.V);
+    auto vals = randn(ids.size(), 8, 2.0f);
+    const auto P = randn(static_cast<size_t>(c.k) * c.R, 9, 0.3f);
+    if (c.ties)
+      for (int j = 0; j < c.k; j += 2) {
+        const size_t b = static_cast<size_t>(j) * c.K;
+        ids[b + c.K - 1] = ids[b + 1];
+        vals[b + 1] = vals[b + c.K - 1] = 40.0f;
+      }
+    const DeviceBuffer dv = to_device(*G, vals), di = to_device(*G, ids), dP = to_device(*G, P),
+                       da = to_device(*G, std::vector<int32_t>{77});
+    DeviceBuffer err(G, sizeof(cuda::DevError)), table(G, static_cast<size_t>(c.k) * c.K * c.K * sizeof(float));
+    ASSERT_EQ(cudaSuccess, cudaMemset(err.get(), 0, sizeof(cuda::DevError)));
+    std::vector<int32_t> drafts[2];
+    std::vector<float> scores[2];
+    for (int mode = 0; mode < 2; mode++) {
+      DeviceBuffer d(G, static_cast<size_t>(c.k) * sizeof(int32_t)), sc(G, ids.size() * sizeof(float));
+      poison(*G, d.get(), d.bytes());
+      poison(*G, sc.get(), sc.bytes());
+      poison(*G, table.get(), table.bytes());
+      G->sync();
+      cuda::selector_walk(dv.f(), di.i(), dP.f(), dEpre.ref, dEsuc.ref, da.i(), c.k, c.K, c.R, static_cast<int32_t*>(d.get()),
+                          static_cast<float*>(sc.get()), table.get(), static_cast<cuda::DevError*>(err.get()), ts.st, mode);
+      ASSERT_EQ(cudaSuccess, cudaStreamSynchronize(ts.st));
+      drafts[mode] = from_device<int32_t>(*G, d.get(), static_cast<size_t>(c.k));
+      scores[mode] = from_device<float>(*G, sc.get(), ids.size());
+    }
+    EXPECT_EQ(drafts[1], drafts[0]) << what;
+    EXPECT_TRUE(same_bits(scores[1], scores[0], what + ": scores, table vs sequential"));
+    const auto e = from_device<cuda::DevError>(*G, err.get(), 1);
+    EXPECT_EQ(e[0].code, 0) << what;
+  }
+}
+
 TEST(CudaMatmul, TcSplitSmallGridsMatchReferenceRowInvariantAndDeterministic) {
   NEED_GPU();
   const TestStream ts;

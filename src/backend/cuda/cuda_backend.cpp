@@ -248,7 +248,9 @@ void CudaBackend::dyn_conv(const float* x, const float* base, const float* D, fl
 void CudaBackend::selector_walk(const float* cand_vals, const int32_t* cand_ids, const float* P,
                                 const WeightRef& Epre, const WeightRef& Esuc, const int32_t* anchor, int k, int K,
                                 int R, int32_t* drafts, float* scores) {
-  cuda::selector_walk(cand_vals, cand_ids, P, Epre, Esuc, anchor, k, K, R, drafts, scores, err_dev_, st_);
+  const size_t bytes = cuda::selector_walk_scratch_bytes(k, K);
+  void* table = bytes ? ensure(selwalk_, bytes) : nullptr;
+  cuda::selector_walk(cand_vals, cand_ids, P, Epre, Esuc, anchor, k, K, R, drafts, scores, table, err_dev_, st_);
 }
 
 }  // namespace qf::cuda

@@ -143,7 +143,7 @@ class CudaBackend final : public Backend {
   cudaStream_t st_ = nullptr;
   DevError* err_host_ = nullptr;  // mapped pinned record (nullptr: err_dev_ is device memory)
   DevError* err_dev_ = nullptr;
-  Scratch xs_, attn_, gdn_, argmax_, topk_, move_, gemv_;
+  Scratch xs_, attn_, gdn_, argmax_, topk_, move_, gemv_, selwalk_;
   GemmRunner gemm_;  // the prefill GEMM: cuBLASLt handle, pinned configurations, scratch (gemm.h)
   void* stage_[2] = {nullptr, nullptr};
   cudaEvent_t stage_ev_[2] = {nullptr, nullptr};

@@ -158,9 +158,15 @@ size_t argmax_scratch_bytes(int M, int n);
 void argmax_rows(const float* x, int M, int n, int32_t* out, void* scratch, cudaStream_t st);
 size_t topk_scratch_bytes(int M, int n, int k);
 void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, void* scratch, cudaStream_t st);
+// The greedy selector walk. Where top-k <= 32 (and QFLASH_SELECTOR_WALK is not "seq", an A/B switch)
+// it runs as a table of every (step, predecessor, candidate) score in parallel plus a one-warp walk,
+// in `scratch` (selector_walk_scratch_bytes); otherwise one block walks the steps in order. Both give
+// the same drafts and scores, bit for bit.
+// mode: -1 as above, 0 the one-block walk, 1 the table (K <= 32; tests compare the two).
+size_t selector_walk_scratch_bytes(int k, int K);
 void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float* P, const WeightRef& Epre,
                    const WeightRef& Esuc, const int32_t* anchor, int k, int K, int R, int32_t* drafts, float* scores,
-                   DevError* err, cudaStream_t st);
+                   void* scratch, DevError* err, cudaStream_t st, int mode = -1);
 
 // ---- int4 tensor-core GEMV (gemv_tc_q4.cu) ----------------------------------------------------
 // int4 (mlx group-affine, group 32/64/128) weights relaid into the kernel's tiles at load

@@ -6,6 +6,8 @@
 // still return exactly what the CPU twin returns.
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/device_common.cuh"
 #include "backend/cuda/kernels.h"
@@ -276,6 +278,81 @@ __global__ void __launch_bounds__(kWalkThreads) selector_walk_kernel(const float
   }
 }
 
+// ---- selector walk, table form --------------------------------------------------------------------
+// The walk's only sequential part is which candidate of step j-1 is the predecessor of step j. The
+// score of candidate c at step j given predecessor p is a dot product of the step's own data, so
+// every (j, p, c) is computed at once, one warp each, with the arithmetic of selector_walk_kernel
+// (gp[r] = Epre[pred, r] * P[j, r], the same lane-strided fma chain, warp_sum, + cand_vals): the
+// bits of each score are those the sequential kernel computes for that predecessor. A one-warp
+// walk then follows the argmax through the table. Step 0's predecessor is the anchor (row p = 0).
+constexpr int kTableThreads = 256;
+
+__global__ void __launch_bounds__(kTableThreads) selector_table_kernel(const float* __restrict__ cand_vals,
+                                                                      const int32_t* __restrict__ cand_ids,
+                                                                      const float* __restrict__ P, WeightView Epre,
+                                                                      WeightView Esuc, const int32_t* anchor, int k,
+                                                                      int K, int R, float* __restrict__ table,
+                                                                      DevError* err) {
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x & 31;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (kTableThreads / 32) + (threadIdx.x >> 5);
+  const int64_t n = K + static_cast<int64_t>(k - 1) * K * K;
+  if (w >= n) return;
+  int j, pi, c;
+  if (w < K) {
+    j = 0, pi = 0, c = static_cast<int>(w);
+  } else {
+    const int64_t v = w - K;
+    j = 1 + static_cast<int>(v / (K * K));
+    pi = static_cast<int>((v / K) % K);
+    c = static_cast<int>(v % K);
+  }
+  const int pred = j == 0 ? *anchor : cand_ids[static_cast<size_t>(j - 1) * K + pi];
+  const bool pred_ok = pred >= 0 && pred < Epre.rows;  // reported by the walk, where it is the path's
+  const int32_t b = cand_ids[static_cast<size_t>(j) * K + c];
+  const bool ok = b >= 0 && b < Esuc.rows;
+  float s = 0.0f;
+  if (ok)
+    for (int r = lane; r < R; r += 32) {
+      const float g = pred_ok ? __fmul_rn(weight_at(Epre, pred, r), P[static_cast<size_t>(j) * R + r]) : 0.0f;
+      s = fmaf(g, weight_at(Esuc, b, r), s);
+    }
+  s = warp_sum(s);
+  s = __fadd_rn(s, cand_vals[static_cast<size_t>(j) * K + c]);
+  if (lane == 0) {
+    if (!ok && pi == 0) set_error(err, kErrSelectorId, b, static_cast<int>(Esuc.rows), j);
+    table[(static_cast<size_t>(j) * K + pi) * K + c] = s;
+  }
+}
+
+__global__ void __launch_bounds__(32) selector_follow_kernel(const float* __restrict__ table,
+                                                             const int32_t* __restrict__ cand_ids, WeightView Epre,
+                                                             const int32_t* anchor, int k, int K, int32_t* drafts,
+                                                             float* scores, DevError* err) {
+  pdl_trigger();
+  pdl_wait();
+  const int lane = threadIdx.x;
+  int pi = 0;
+  int pred = *anchor;
+  for (int j = 0; j < k; j++) {
+    if (lane == 0 && !(pred >= 0 && pred < Epre.rows)) set_error(err, kErrSelectorId, pred, static_cast<int>(Epre.rows), j);
+    const float v = lane < K ? table[(static_cast<size_t>(j) * K + pi) * K + lane] : 0.0f;
+    if (lane < K) scores[static_cast<size_t>(j) * K + lane] = v;
+    // the sequential kernel's scan: strict >, so the first maximum wins
+    int best = 0;
+    float bv = __shfl_sync(kFull, v, 0);
+    for (int c = 1; c < K; c++) {
+      const float vc = __shfl_sync(kFull, v, c);
+      if (vc > bv) best = c, bv = vc;
+    }
+    const int32_t d = cand_ids[static_cast<size_t>(j) * K + best];
+    if (lane == 0) drafts[j] = d;
+    pred = d;
+    pi = best;
+  }
+}
+
 }  // namespace
 
 size_t argmax_scratch_bytes(int M, int n) { return static_cast<size_t>(M) * argmax_blocks(n) * sizeof(VI); }
@@ -343,13 +420,39 @@ void topk_rows(const float* x, int M, int n, int k, float* vals, int32_t* ids, v
   }
 }
 
+bool selector_walk_table(int k, int K) {
+  static const bool seq = [] {
+    const char* e = std::getenv("QFLASH_SELECTOR_WALK");
+    return e && std::strcmp(e, "seq") == 0;
+  }();
+  return !seq && K <= 32 && k >= 1;
+}
+
+size_t selector_walk_scratch_bytes(int k, int K) {
+  return selector_walk_table(k, K) ? static_cast<size_t>(k) * K * K * sizeof(float) : 0;
+}
+
 void selector_walk(const float* cand_vals, const int32_t* cand_ids, const float* P, const WeightRef& Epre,
                    const WeightRef& Esuc, const int32_t* anchor, int k, int K, int R, int32_t* drafts, float* scores,
-                   DevError* err, cudaStream_t st) {
+                   void* scratch, DevError* err, cudaStream_t st, int mode) {
   if (k <= 0 || K <= 0) return;
+  if (mode == 1 && K > 32) backend_fail("cuda selector_walk: the table form takes top-k <= 32, got %d", K);
   if (R > Epre.cols || R > Esuc.cols) backend_fail("cuda selector_walk: rank %d exceeds the codebooks' columns", R);
   check_weight_view(Epre, "selector_walk predecessor codebook");
   check_weight_view(Esuc, "selector_walk successor codebook");
+  if (mode == 1 || (mode < 0 && selector_walk_table(k, K))) {
+    if (!scratch) backend_fail("cuda selector_walk: no table scratch for k %d, top-k %d", k, K);
+    float* table = static_cast<float*>(scratch);
+    const int64_t warps = K + static_cast<int64_t>(k - 1) * K * K;
+    const int blocks = static_cast<int>((warps + kTableThreads / 32 - 1) / (kTableThreads / 32));
+    launch_k(selector_table_kernel, dim3(blocks), dim3(kTableThreads), 0, st, cand_vals, cand_ids, P, view_of(Epre),
+             view_of(Esuc), anchor, k, K, R, table, err);
+    QF_CUDA_LAUNCH_CHECK("selector_table_kernel");
+    launch_k(selector_follow_kernel, dim3(1), dim3(32), 0, st, static_cast<const float*>(table), cand_ids, view_of(Epre),
+             anchor, k, K, drafts, scores, err);
+    QF_CUDA_LAUNCH_CHECK("selector_follow_kernel");
+    return;
+  }
   const size_t smem = static_cast<size_t>(R + K) * sizeof(float);
   // 48 KB is the default limit for static (pred_s) + dynamic shared memory together.
   if (smem + 64 > 48 * 1024) backend_fail("cuda selector_walk: rank %d + top-k %d too large", R, K);
