@@ -301,6 +301,32 @@ __global__ void __launch_bounds__(256, NT == 1 ? 2 : 1) q4ix_kernel(const Q4IxPa
   }
 }
 
+// The column split S of versions 21 (wave_s false: the smallest power of two giving >= 1,900 warps)
+// and 22 (the split whose last wave is fullest, 2 blocks of 8 warps a SM, smaller S on ties). From
+// the shape only; the chain mode (lab_gemv_q4_chain.cuh) uses it too, so its bits are version 22's.
+inline int q4ix_split(int tiles, int ng, bool wave_s) {
+  int S = 1;
+  if (!wave_s) {
+    while (S < 8 && S * 2 <= ng && static_cast<int64_t>(tiles) * S < 1900) S *= 2;
+  } else {
+    // Version 22: the split whose last wave is fullest (2 blocks of 8 warps a SM), smaller S on ties.
+    static int slots = 0;
+    if (!slots) {
+      int dev = 0, sms = 0;
+      cudaGetDevice(&dev);
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+      slots = 2 * sms;
+    }
+    double best = -1;
+    for (int s2 = 1; s2 <= 8 && s2 <= ng; s2 *= 2) {
+      const int64_t blocks = (static_cast<int64_t>(tiles) * s2 + 7) / 8;
+      const double waves = static_cast<double>(blocks) / slots, eff = waves / std::ceil(waves);
+      if (eff > best + 0.02) best = eff, S = s2;
+    }
+  }
+  return S;
+}
+
 // y_i = W_i x for n <= 4 row-major int4 weights of the same cols (group 64; W.scales = the packed
 // uint4 array of q4ix_pack_sb_kernel, W.data = the nibbles), M <= 16 tokens of x (row stride
 // x_ld). xq / xsp: scratch of 16 * cols * 3 bytes and (cols / 64) * 16 float2.
@@ -324,25 +350,7 @@ inline void q4ix_run(const WeightRef* const* Ws, float* const* ys, int n, const 
     tiles += static_cast<int>((Ws[i]->rows + 31) / 32);
   }
   P.tile0[n] = tiles;
-  int S = 1;
-  if (!wave_s) {
-    while (S < 8 && S * 2 <= P.ng && static_cast<int64_t>(tiles) * S < 1900) S *= 2;
-  } else {
-    // Version 22: the split whose last wave is fullest (2 blocks of 8 warps a SM), smaller S on ties.
-    static int slots = 0;
-    if (!slots) {
-      int dev = 0, sms = 0;
-      cudaGetDevice(&dev);
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-      slots = 2 * sms;
-    }
-    double best = -1;
-    for (int s2 = 1; s2 <= 8 && s2 <= P.ng; s2 *= 2) {
-      const int64_t blocks = (static_cast<int64_t>(tiles) * s2 + 7) / 8;
-      const double waves = static_cast<double>(blocks) / slots, eff = waves / std::ceil(waves);
-      if (eff > best + 0.02) best = eff, S = s2;
-    }
-  }
+  const int S = q4ix_split(tiles, P.ng, wave_s);
   P.S = S;
   P.xq = reinterpret_cast<const uint4*>(xq);
   P.xsp = reinterpret_cast<const float4*>(xsp);
