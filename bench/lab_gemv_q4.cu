@@ -807,7 +807,7 @@ int run_chain_mode(const ChainOpts& o, const std::vector<int>& Ms, const Ceil& c
   // per M, kind -> per-layer us of each variant from the chain with the most layers of that kind
   for (int M : Ms) {
     std::printf("\n%-12s %3s %-7s %10s %9s %7s %6s %8s %9s\n", "chain", "M", "variant", "us/chain", "us/layer", "GB/s",
-                "%copy", "vs a_grph", "us/stage");
+                "%copy", "vs graph", "us/stage");
     double best_layer[3][kChainVariants] = {};  // gdn, attn, mix: per-layer us
     int best_layers[3] = {0, 0, 0};
     for (Chain& ch : chains) {
