@@ -10,7 +10,11 @@
 // median of that depth's last `cost_window` rounds, so that a one-off (a CUDA graph being recorded,
 // the previous round's observe finishing inside this one) does not move it and it follows the
 // context length as it grows; a depth not yet run is interpolated between its measured
-// neighbours. p_i is a short running average of the verdicts of draft i. A controller that stopped drafting would never see
+// neighbours. A depth never run owes its warm-up one-off (learned from the warm-up rounds of the
+// depths measured): it is run only once the gain the controller forwent by not running it adds
+// up to that one-off (rent or buy), so that bursts of marginal gains and a token budget's short
+// last rounds do not send it through every depth. p_i is a short running average of the
+// verdicts of draft i. A controller that stopped drafting would never see
 // acceptance again, so while plain steps win it probes: after `probe_first` plain steps it
 // drafts once at the best k > 0, and each probe that leaves plain ahead doubles the wait (up
 // to `probe_max`).
@@ -36,6 +40,10 @@ class DepthController {
     // times a replayed round on a small model (graph_runner.h); a depth still warming up is
     // priced from its measured neighbours.
     int cost_warmup = 2;
+    // A depth never run owes `cost_warmup` one-offs, learned (warmup_one_off()); choose() runs it
+    // only once the gain forgone by not running it (forgone()) reaches them. Off: every depth is
+    // open as before (a depth no one has run is priced from its neighbours and tried at once).
+    bool warmup_rent_or_buy = true;
     int probe_first = 4;        // plain steps before the first probe
     int probe_max = 64;         // longest wait between probes (~1% of plain speed at 27B, see DESIGN)
   };
@@ -65,6 +73,16 @@ class DepthController {
   double rate(int k) const {
     return (expected_accepted(k) + 1.0) / (cost_estimate(k) + (k == 0 ? std::max(deferred_.value, 0.0) : 0.0));
   }
+  // The one-off of a warm-up round (ms): the lower median of what the warm-up rounds of the last
+  // two depths measured cost above their depth's cost, at least 0; 0 before any depth is measured.
+  double warmup_one_off() const;
+  // What depth k would still pay for its warm-up: cost_warmup one-offs if it never ran, else 0.
+  double warmup_owed(int k) const;
+  // The gain forgone so far by not running depth k (never run), in ms: each choose() where k's rate,
+  // k priced from the drafting depths measured, beat the best open choice's adds what that
+  // choice's round cost above making its tokens at k's rate.
+  double forgone(int k) const { return forgone_[k]; }
+  bool open(int k) const;  // may choose() run depth k (plain, run before, or its one-off earned)
   bool probing() const { return probing_; }  // the last choose() was a probe
   int probe_wait() const { return wait_; }
 
@@ -76,17 +94,22 @@ class DepthController {
   };
   struct Costs {
     int seen = 0;                // rounds of this depth so far, warm-up included
+    std::vector<double> warm;    // the costs of its warm-up rounds
     std::vector<double> recent;  // [<= window] the last rounds' costs, oldest first
     double median = 0;           // their lower median
     void add(double ms, int window);
   };
-  int best_drafting_k(int K) const;  // argmax of rate over 1..K (ties: the smaller k)
-  double cost_from_others(int k) const;
+  int best_drafting_k(int K) const;  // argmax of rate over the open depths 1..K (ties: the smaller k); 0 if none
+  // The cost of depth k from the measured depths lowest..max_k other than k (interpolated, flat
+  // beyond them); 0 if none.
+  double cost_from_others(int k, int lowest = 0) const;
 
   int max_k_;
   Params p_;
   std::vector<Mean> accept_;  // [max_k+1]: index i = draft position i (index 0 unused)
   std::vector<Costs> cost_;   // [max_k+1]: index k = round depth
+  std::vector<int> measured_;  // depths in the order they got their first cost
+  std::vector<double> forgone_;  // [max_k+1]: forgone(k)
   Mean deferred_;              // deferred cost per plain step (an EWMA over drafting rounds after plain steps)
   int plain_run_ = 0;         // plain steps since the last drafting round
   int wait_;                  // plain steps before the next probe

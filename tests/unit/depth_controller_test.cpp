@@ -273,6 +273,90 @@ TEST(DepthController, TwoSlowWarmUpRoundsOfADepthAreNotHeldAgainstIt) {
         << "seed " << seed;
 }
 
+// Requests of 128 tokens on one controller, on a machine whose drafting rounds cost about the same
+// at every depth (a block drafter: chain_cost) and whose every depth pays two slow warm-up rounds
+// (+`one_off` plain steps each: a GPU's direct run and graph recording); drafts kept with
+// probability p each. No token budget (limit 7 throughout: a budget's last rounds force small
+// depths, which the charge does not avoid). Returns how many depths were run (k = 0 included).
+int depths_run(double p, uint64_t seed, double one_off) {
+  DepthController c(7);
+  std::mt19937_64 rng(seed);
+  std::bernoulli_distribution keep(p);
+  std::vector<int> runs(8, 0);
+  for (int req = 0; req < 8; req++) {
+    c.new_request();
+    for (int gen = 0; gen < 128;) {
+      const int k = c.choose(7);
+      int a = 0;
+      while (a < k && keep(rng)) a++;
+      c.record(k, a, chain_cost(k) + (runs[k]++ < 2 ? one_off : 0.0));
+      gen += a + 1;
+    }
+  }
+  return static_cast<int>(std::count_if(runs.begin(), runs.end(), [](int n) { return n > 0; }));
+}
+
+// Each depth's warm-up is paid once, so a run that wanders through every depth pays it eight
+// times. The controller learns the one-off from the warm-up rounds of the depths it measured and
+// runs a depth never run only once the gain it forwent adds up to its warm-up: with drafts good
+// at every depth it stays on the few depths it warmed. With no one-off to learn (nothing is owed)
+// these runs visit 4-8 depths (checked below, so that the test can fail).
+TEST(DepthController, DoesNotWanderThroughDepthsThatStillOweTheirWarmUp) {
+  int wandered = 0;
+  for (double p : {0.8, 0.9})
+    for (uint64_t seed : {1u, 2u, 3u}) {
+      EXPECT_LE(depths_run(p, seed, 4.0), 4) << "p " << p << " seed " << seed;
+      wandered += depths_run(p, seed, 0.0) > 4;  // nothing to learn: no charge, as before
+    }
+  EXPECT_GE(wandered, 3) << "without a one-off the controller explores the depths (the charge is what stops it)";
+}
+
+// The one-off is learned from the last two depths measured (each warm-up round against its depth's
+// cost, lower median, at least 0). A depth never run owes two of them and is opened once the gain
+// forgone by not running it adds up to that (rent or buy); on a machine whose depths are already
+// warm (Generator::warm_up recorded their graphs) first rounds are not slow and nothing is owed.
+TEST(DepthController, WarmUpOneOffIsLearnedAndADepthIsOpenedOnceItsGainPaysIt) {
+  DepthController c(7);
+  EXPECT_DOUBLE_EQ(c.warmup_one_off(), 0.0);
+  c.record(0, 0, 50.0);
+  c.record(0, 0, 30.0);
+  c.record(0, 0, 10.0);  // plain measured: its warm-up rounds were 40 and 20 above its cost
+  EXPECT_DOUBLE_EQ(c.warmup_one_off(), 20.0);
+  EXPECT_DOUBLE_EQ(c.warmup_owed(7), 40.0);
+  EXPECT_TRUE(c.open(7)) << "before any drafting depth has run, every depth is open";
+  EXPECT_EQ(c.choose(3), 3);  // (a token budget's limit)
+  c.record(3, 3, 16.0);
+  c.record(3, 3, 16.0);
+  c.record(3, 3, 12.0);  // k = 3 measured: its warm-up rounds were 4 above its cost
+  EXPECT_DOUBLE_EQ(c.warmup_one_off(), 4.0);  // samples 40, 20, 4, 4: lower median 4
+  EXPECT_DOUBLE_EQ(c.warmup_owed(3), 0.0);
+  EXPECT_DOUBLE_EQ(c.warmup_owed(7), 8.0);
+  EXPECT_FALSE(c.open(7));
+  // Every draft is kept: k = 7 (priced from the drafting depth measured, k = 3) beats k = 3, but it
+  // has not earned its warm-up; each round at k = 3 adds what running 7 would have saved.
+  double forgone = 0;
+  int rounds = 0;
+  while (!c.open(7)) {
+    const double r7 = (c.expected_accepted(7) + 1) / c.cost_estimate(3);  // flat from k = 3
+    forgone += c.cost_estimate(3) * (1.0 - c.rate(3) / r7);
+    const int k = c.choose(7);
+    EXPECT_DOUBLE_EQ(c.forgone(7), forgone);
+    if (c.open(7)) {
+      EXPECT_EQ(k, 7) << "opened by this round's gain";
+    } else {
+      EXPECT_EQ(k, 3);
+      c.record(3, 3, 12.0);
+    }
+    ASSERT_LT(++rounds, 100);
+  }
+  EXPECT_GE(c.forgone(7), 8.0);
+  EXPECT_GT(rounds, 1) << "one round's gain does not pay a warm-up";
+  // A depth whose first rounds are not slow (its graphs already recorded) brings the one-off down.
+  for (int i = 0; i < 3; i++) c.record(7, 7, 12.0);
+  EXPECT_DOUBLE_EQ(c.warmup_one_off(), 0.0);  // samples 4, 4, 0, 0: lower median 0
+  EXPECT_TRUE(c.open(5));
+}
+
 // A drafting round after plain steps also runs their deferred rows (catch-up): that excess is
 // charged to the plain steps, not to the depth's cost.
 TEST(DepthController, CatchUpIsChargedToThePlainStepsThatDeferredIt) {
