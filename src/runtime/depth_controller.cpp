@@ -133,6 +133,10 @@ void DepthController::new_request() {
   probing_ = false;
 }
 
+void DepthController::forget_warmup() {
+  for (Costs& c : cost_) c.warm.clear();
+}
+
 void DepthController::record(int k, int accepted, double cost_ms) {
   QF_CHECK(k >= 0 && k <= max_k_ && accepted >= 0 && accepted <= k, "depth controller: round k %d, accepted %d",
            k, accepted);

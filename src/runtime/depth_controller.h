@@ -60,6 +60,11 @@ class DepthController {
   // carries over, a depth the last request had stopped judging is opened again); the probe
   // schedule starts over (no inherited long wait at plain).
   void new_request();
+  // Every round shape has now been run outside the controller's view (Generator::warm_up records
+  // each depth's graphs with fixed-k rounds it does not see): the warm-up rounds it has seen no
+  // longer describe the machine, so they are forgotten and the learned one-off is 0 until a depth
+  // measured later shows another.
+  void forget_warmup();
 
   // ---- the model as it stands (tests, docs)
   int max_k() const { return max_k_; }

@@ -237,6 +237,8 @@ void Generator::warm_up(const std::vector<int32_t>& prompt_in) {
   }
   target_.reset(*state_);
   target_.backend().sync();
+  // The auto run above saw its depths' graphs being recorded; every depth's are recorded now.
+  if (depth_) depth_->forget_warmup();
 }
 
 // The next token from the last forward's single logits row: argmax, or a draw from p at T > 0.

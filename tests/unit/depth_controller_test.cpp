@@ -357,6 +357,31 @@ TEST(DepthController, WarmUpOneOffIsLearnedAndADepthIsOpenedOnceItsGainPaysIt) {
   EXPECT_TRUE(c.open(5));
 }
 
+// After Generator::warm_up every depth's graphs are recorded by rounds the controller did not see:
+// what it learned from the warm-up rounds it saw is forgotten, so no depth stays closed for it.
+TEST(DepthController, ForgettingTheWarmUpOpensEveryDepth) {
+  DepthController c(7);
+  c.record(0, 0, 50.0);
+  c.record(0, 0, 30.0);
+  c.record(0, 0, 10.0);
+  ASSERT_EQ(c.choose(7), 7);
+  c.record(7, 7, 60.0);
+  c.record(7, 7, 40.0);
+  c.record(7, 7, 12.0);
+  ASSERT_GT(c.warmup_one_off(), 0.0);
+  ASSERT_FALSE(c.open(5));
+  c.forget_warmup();
+  EXPECT_DOUBLE_EQ(c.warmup_one_off(), 0.0);
+  for (int k = 0; k <= 7; k++) EXPECT_TRUE(c.open(k)) << k;
+  EXPECT_DOUBLE_EQ(c.cost_estimate(7), 12.0) << "the measured costs stay";
+  // a depth measured later with slow first rounds teaches a one-off again
+  c.record(3, 3, 40.0);
+  c.record(3, 3, 40.0);
+  c.record(3, 3, 10.0);
+  EXPECT_DOUBLE_EQ(c.warmup_one_off(), 30.0);
+  EXPECT_FALSE(c.open(5));
+}
+
 // A drafting round after plain steps also runs their deferred rows (catch-up): that excess is
 // charged to the plain steps, not to the depth's cost.
 TEST(DepthController, CatchUpIsChargedToThePlainStepsThatDeferredIt) {
