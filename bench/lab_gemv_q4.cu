@@ -303,7 +303,8 @@ std::vector<const WeightRef*> group(const Loaded& l, int k, int ver) {
 }
 
 // Double-precision reference of a row-major int4 weight on the checked rows:
-// w[r, c] = q[r, c] * scale[r, c / G] + bias[r, c / G] (bf16 scale and bias), y = sum_c w x.
+// w[r, c] = q[r, c] * scale[r, c / G] + bias[r, c / G] (bf16 scale and bias), y = sum_c w x; each
+// row dequantized once for all M tokens.
 CpuRef cpu_ref_q4(const WeightRef& W, const std::vector<float>& x, int M) {
   QF_CUDA_CHECK(cudaStreamSynchronize(g_st));
   CpuRef r;
@@ -312,6 +313,7 @@ CpuRef cpu_ref_q4(const WeightRef& W, const std::vector<float>& x, int M) {
   const int64_t ng = W.cols / W.group;
   std::vector<uint32_t> q(static_cast<size_t>(W.cols / 8));
   std::vector<uint16_t> s(static_cast<size_t>(ng)), b(static_cast<size_t>(ng));
+  std::vector<double> w(static_cast<size_t>(W.cols));
   r.y.assign(static_cast<size_t>(M) * r.rows.size(), 0.0);
   for (size_t k = 0; k < r.rows.size(); k++) {
     const int64_t row = r.rows[k];
@@ -319,13 +321,13 @@ CpuRef cpu_ref_q4(const WeightRef& W, const std::vector<float>& x, int M) {
                              cudaMemcpyDeviceToHost));
     QF_CUDA_CHECK(cudaMemcpy(s.data(), static_cast<const uint16_t*>(W.scales) + row * ng, s.size() * 2, cudaMemcpyDeviceToHost));
     QF_CUDA_CHECK(cudaMemcpy(b.data(), static_cast<const uint16_t*>(W.biases) + row * ng, b.size() * 2, cudaMemcpyDeviceToHost));
+    for (int64_t c = 0; c < W.cols; c++)
+      w[c] = static_cast<double>((q[c / 8] >> (4 * (c % 8))) & 15u) * bf16_to_float(s[c / W.group]) +
+             bf16_to_float(b[c / W.group]);
     for (int m = 0; m < M; m++) {
       double acc = 0;
-      for (int64_t c = 0; c < W.cols; c++) {
-        const double qv = static_cast<double>((q[c / 8] >> (4 * (c % 8))) & 15u);
-        const double w = qv * bf16_to_float(s[c / W.group]) + bf16_to_float(b[c / W.group]);
-        acc += w * x[static_cast<size_t>(m) * W.cols + c];
-      }
+      const float* xm = x.data() + static_cast<size_t>(m) * W.cols;
+      for (int64_t c = 0; c < W.cols; c++) acc += w[c] * xm[c];
       r.y[static_cast<size_t>(m) * r.rows.size() + k] = acc;
     }
   }
@@ -652,38 +654,6 @@ struct ChainLab {
         poison(ch.y[s][i], static_cast<size_t>(M) * cases[ch.shape[s]].rows[i] * 4);
   }
 
-  // Double-precision reference of the checked rows (each row dequantized once for all M tokens).
-  static CpuRef cpu_ref(const WeightRef& W, const std::vector<float>& x, int M) {
-    QF_CUDA_CHECK(cudaStreamSynchronize(g_st));
-    CpuRef r;
-    r.rows = check_rows(W.rows);
-    r.M = M;
-    const int64_t ng = W.cols / W.group;
-    std::vector<uint32_t> q(static_cast<size_t>(W.cols / 8));
-    std::vector<uint16_t> sc(static_cast<size_t>(ng)), bi(static_cast<size_t>(ng));
-    std::vector<double> w(static_cast<size_t>(W.cols));
-    r.y.assign(static_cast<size_t>(M) * r.rows.size(), 0.0);
-    for (size_t k = 0; k < r.rows.size(); k++) {
-      const int64_t row = r.rows[k];
-      QF_CUDA_CHECK(cudaMemcpy(q.data(), static_cast<const uint32_t*>(W.data) + row * (W.cols / 8), q.size() * 4,
-                               cudaMemcpyDeviceToHost));
-      QF_CUDA_CHECK(cudaMemcpy(sc.data(), static_cast<const uint16_t*>(W.scales) + row * ng, sc.size() * 2,
-                               cudaMemcpyDeviceToHost));
-      QF_CUDA_CHECK(cudaMemcpy(bi.data(), static_cast<const uint16_t*>(W.biases) + row * ng, bi.size() * 2,
-                               cudaMemcpyDeviceToHost));
-      for (int64_t c = 0; c < W.cols; c++)
-        w[c] = static_cast<double>((q[c / 8] >> (4 * (c % 8))) & 15u) * bf16_to_float(sc[c / W.group]) +
-               bf16_to_float(bi[c / W.group]);
-      for (int m = 0; m < M; m++) {
-        double acc = 0;
-        const float* xm = x.data() + static_cast<size_t>(m) * W.cols;
-        for (int64_t c = 0; c < W.cols; c++) acc += w[c] * xm[c];
-        r.y[static_cast<size_t>(m) * r.rows.size() + k] = acc;
-      }
-    }
-    return r;
-  }
-
   // Every check of one chain at M; empty when all pass.
   std::string check(Chain& ch, int M, const ChainOpts& o, int total) const {
     // (a) plain, with the x values written out: the reference bits.
@@ -700,7 +670,7 @@ struct ChainLab {
       for (size_t i = 0; i < c.rows.size(); i++) {
         std::string e;
         if (cpu) {
-          e = check_against(ya[s][i], c.rows[i], cpu_ref(loaded[ch.shape[s]].mats[i].w[(0 + ch.layer[s]) % nc], xs[s], M), 1e-5);
+          e = check_against(ya[s][i], c.rows[i], cpu_ref_q4(loaded[ch.shape[s]].mats[i].w[(0 + ch.layer[s]) % nc], xs[s], M), 1e-5);
         } else {
           for (size_t k = 0; k < ya[s][i].size() && e.empty(); k++)
             if (!std::isfinite(ya[s][i][k])) e = cuda::fmt_str("element %zu not written or not finite", k);
