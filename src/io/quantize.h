@@ -41,4 +41,14 @@ void validate_quantize_options(const QuantizeOptions& opt);
 // tokenizer and generation files and a drafter/ folder copied unchanged. Returns bytes written.
 size_t quantize_checkpoint(const std::string& src, const std::string& dst, const QuantizeOptions& opt);
 
+// The inverse direction: writes a bf16 copy of the int4 checkpoint `src` (config.json with a
+// "quantization" block) into the new folder `dst`. Every int4 matrix becomes
+// W[r, c] = bf16_rn(fl(q * scale) + bias), the value the int4 prefill path feeds its GEMM
+// (backend.h), so the copy computes what the int4 checkpoint computes up to the kernels'
+// accumulation order; other tensors, the tokenizer files and drafter/ are copied unchanged, and
+// config.json loses its "quantization" block. Throws qf::Error(Usage) when `src` is not int4 or
+// `dst` exists and is not empty, qf::Error(Format) naming the tensor when a matrix's words,
+// scales or biases disagree in shape or dtype. Returns bytes written.
+size_t dequantize_checkpoint(const std::string& src, const std::string& dst);
+
 }  // namespace qf
