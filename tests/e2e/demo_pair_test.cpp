@@ -77,8 +77,11 @@ TEST_P(DemoPair, SpeculativeEqualsPlainOnValidationPrompts) {
   }
 }
 
-// Floors sit below the measured values (MODEL_CARD.md: 64 prompts, DFlash2 tau 5.25, MTP 2.74;
-// on these 8 prompts 5.75 and 2.65 when measured) so that only a real regression trips them.
+// A regression guard for the shipped pair: the floors sit ~10% below its measured values, so only
+// a real regression in the drafter path trips them. v10 (MODEL_CARD.md; non-looping output): on
+// these 8 prompts DFlash2 k = 7 tau 3.364, MTP k = 3 1.927 (ratio 1.75); on 16 prompts 3.591 and
+// 1.896. Issue 16's own target for DFlash2 is 4.0, which v10 does not reach (the looping pairs
+// before it did, 5.75 here, because a loop is easy to draft); the ratio floor is the issue's 1.3.
 TEST_P(DemoPair, AcceptanceStaysAboveFloor) {
   double tau_d = 0, tau_m = 0;
   const auto prompts = validation_prompts(8);
@@ -89,8 +92,8 @@ TEST_P(DemoPair, AcceptanceStaysAboveFloor) {
   tau_d /= prompts.size();
   tau_m /= prompts.size();
   std::printf("demo pair, 8 validation prompts: tau dflash2 %.3f, tau mtp %.3f\n", tau_d, tau_m);
-  EXPECT_GE(tau_d, 4.0);
-  EXPECT_GE(tau_d, 1.15 * tau_m);
+  EXPECT_GE(tau_d, 3.0);
+  EXPECT_GE(tau_d, 1.3 * tau_m);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DemoPair, ::testing::ValuesIn(test::test_backends()), test::backend_param_name);

@@ -430,8 +430,9 @@ def write_card(demo: Path, out: Path, args, prompts, checks):
                   if al.get("quantization_aware") else "the fine-tune's float weights before int4 rounding (not shipped)")
         ppl_row = (f"| **validation perplexity** | **{al['after']['val_ppl']:.3f}** with the shipped int4 weights after "
                    f"the antiloop fine-tune (before it: {al['before']['val_ppl']:.3f} with the int4 weights it started "
-                   f"from); {tm['val_ppl_bf16']:.3f} for {latent} rounded to bf16; {tm['val_tokens']:,} tokens, "
-                   f"non-overlapping {tm['seq']}-token windows |")
+                   f"from); {tm['val_ppl_bf16']:.3f} for {latent} rounded to bf16; the first "
+                   f"{al['after'].get('val_tokens', tm['val_tokens']):,} tokens of the held-out stream (the antiloop's "
+                   f"window count; the target stage measured all {tm['val_tokens']:,}), non-overlapping {tm['seq']}-token windows |")
     elif al and al.get("kept"):
         ppl_row = (f"| **validation perplexity** | **{tm['val_ppl_bf16']:.3f}** with the shipped bf16 weights after the "
                    f"antiloop fine-tune (before it: {al['before']['val_ppl']:.3f}), "
