@@ -33,7 +33,6 @@ CARRY_VAL_TOKENS (default 4,000,000), like the bundles the device calls return.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -45,17 +44,11 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "train"))
+import common as C  # noqa: E402
 META_FILES = ["args.json", "stages/corpus.json", "stages/target.json", "stages/antiloop.json", "stages/mtp.json",
               "target/config.json", "target/shape.json", "target/metrics.json", "mtp/metrics.json",
               "antiloop/metrics.json"]
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def weight_files(pair: Path) -> list[Path]:
@@ -66,7 +59,7 @@ def weight_files(pair: Path) -> list[Path]:
 
 
 def record(pair: Path, meta: Path) -> None:
-    sums = {f.name: sha256(f) for f in weight_files(pair)}
+    sums = {f.name: C.file_sha256(f) for f in weight_files(pair)}
     (meta / "pair_sha256.json").write_text(json.dumps(sums, indent=1) + "\n")
     print(f"wrote {meta / 'pair_sha256.json'} ({len(sums)} files)")
 
@@ -113,7 +106,7 @@ def main(argv=None) -> int:
         if not (meta / f).is_file():
             raise SystemExit(f"{meta}: missing {f}")
     want = json.loads((meta / "pair_sha256.json").read_text())
-    have = {f.name: sha256(f) for f in weight_files(pair)}
+    have = {f.name: C.file_sha256(f) for f in weight_files(pair)}
     if have != want:
         diff = sorted(set(want) ^ set(have) | {k for k in want if k in have and want[k] != have[k]})
         raise SystemExit(f"{pair}: weight files differ from the ones {meta} describes ({', '.join(diff)}); "
@@ -130,9 +123,6 @@ def main(argv=None) -> int:
 
     tensors, group, torch = load_pair(pair)
     from safetensors.torch import save_file
-
-    sys.path.insert(0, str(ROOT / "tools" / "train"))
-    import common as C
 
     for d in ("target", "mtp", "antiloop", "stages", "corpus", "tokenizer"):
         (out / d).mkdir(parents=True, exist_ok=True)
