@@ -78,14 +78,6 @@ def load_pair(pair: Path):
     return tensors, int(q["group_size"]), torch
 
 
-def expand(words, scales, biases, group: int, torch):
-    """int4 words [rows, cols/8] (uint32) -> float32 [rows, cols], w = q * scale + bias per group."""
-    w = words.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    rows = w.shape[0]
-    nib = torch.stack([(w >> (4 * j)) & 0xF for j in range(8)], dim=-1).reshape(rows, -1, group).float()
-    return (nib * scales.float()[..., None] + biases.float()[..., None]).reshape(rows, -1)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pair", default=str(ROOT / "models" / "demo"))
@@ -136,7 +128,8 @@ def main(argv=None) -> int:
             continue
         base = k[: -len(".weight")] if k.endswith(".weight") else None
         if base and base + ".scales" in tensors:
-            mtp[k] = expand(v, tensors[base + ".scales"], tensors[base + ".biases"], group, torch).to(torch.bfloat16)
+            mtp[k] = C.int4_dequantize(v.view(torch.int32), tensors[base + ".scales"], tensors[base + ".biases"],
+                                       group).to(torch.bfloat16)
         else:
             mtp[k] = v.to(torch.bfloat16)
     save_file(mtp, str(out / "mtp" / "mtp.safetensors"), metadata={"format": "pt"})
