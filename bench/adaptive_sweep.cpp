@@ -3,8 +3,11 @@
 // fixed depth for several noise seeds (docs/experiments/adaptive_depth.md). Not a test: the cases
 // that meet issue 15's target are tests in tests/e2e/demo_adaptive_test.cpp.
 //
-//   qflash_adaptive_sweep [--cases a,b,...] [--seeds 1,2,3,4] [--baselines FILE] [--detail 1]
+//   qflash_adaptive_sweep [--cases a,b,...] [--seeds 1,2,3,4] [--baselines FILE] [--detail 1] [--warm 1]
 //
+// --warm 1: every run as `qflash bench` times it on a GPU after Generator::warm_up: no graph-recording
+// one-offs, and the greedy controller first taken through the warm-up's controller run (harness.h).
+// Its baselines differ (no one-offs): give it a baselines file of its own.
 // --detail 1: per auto run, where its true cost went (decode steps): plain rounds, drafting rounds
 // (and the tokens they made), warm-up one-offs, catch-up, and the switches into drafting.
 // --baselines: plain and fixed-k rates per case are read from FILE when there, else measured and
@@ -66,7 +69,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> want;
   std::vector<uint64_t> seeds = {1, 2, 3, 4};
   std::string cache_path;
-  bool detail = false;
+  bool detail = false, warm = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--cases") want = split(v);
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
       for (auto& s : split(v)) seeds.push_back(std::stoull(s));
     } else if (a == "--baselines") cache_path = v;
     else if (a == "--detail") detail = v != "0";
+    else if (a == "--warm") warm = v != "0";
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -108,7 +112,7 @@ int main(int argc, char** argv) {
       for (size_t k = 1; k < b.fixed.size(); k++)
         if (b.fixed[k] > b.best) b.best = b.fixed[k], b.best_k = static_cast<int>(k);
     } else {
-      b = baseline(*m, src, *c.mc, prompts, c.temperature, 128, c.force);
+      b = baseline(*m, src, *c.mc, prompts, c.temperature, 128, c.force, warm);
       cache[c.name] = {{"plain", b.plain}, {"fixed", b.fixed}};
       if (!cache_path.empty()) std::ofstream(cache_path) << cache.dump(1);
     }
@@ -120,7 +124,7 @@ int main(int argc, char** argv) {
       fixed_line += buf;
     }
     for (uint64_t s : seeds) {
-      const Result a = run(*m, src, kDraftKAuto, *c.mc, prompts, c.temperature, 128, s, c.force);
+      const Result a = run(*m, src, kDraftKAuto, *c.mc, prompts, c.temperature, 128, s, c.force, warm);
       char buf[64];
       std::snprintf(buf, sizeof buf, " %.3f", a.rate / b.best);
       per_best += buf;

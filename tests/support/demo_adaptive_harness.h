@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/depth_controller.h"
 #include "runtime/generate.h"
 #include "tokenizer/tokenizer.h"
 
@@ -62,9 +63,14 @@ struct Result {
 
 // One Generator over all prompts (as the bench and a server hold it): fixed k, or auto (k < 0),
 // or plain (src null). force >= 0: forced acceptance of that many drafts (greedy only).
+// warm: the state `qflash bench` times on a GPU after Generator::warm_up (a no-op on the CPU, which
+// has no graphs): no round pays a one-off (every depth's graphs are recorded), and an auto run's
+// greedy controller has first been through warm_up's controller run (plain steps at forced 0 acceptance
+// until its probes caught up a 64-row batch, uncounted; its warm-up rounds cost what a recorded
+// round costs, which is what forget_warmup() leaves the controller believing).
 inline Result run(TargetModel& m, DraftSource* src, int k, const Machine& mc,
                   const std::vector<std::vector<int32_t>>& prompts, float temperature, int gen, uint64_t noise_seed,
-                  int force = -1) {
+                  int force = -1, bool warm = false) {
   Generator g(m, src, 1024);
   std::mt19937_64 noise(noise_seed);
   std::lognormal_distribution<double> jitter(0.0, 0.15);
@@ -74,6 +80,41 @@ inline Result run(TargetModel& m, DraftSource* src, int k, const Machine& mc,
   double extra = 0;         // this round's one-off and catch-up, in decode steps
   double cost = 0, tokens = 0, ksum = 0;
   Result r;
+  bool counting = true;  // false during the warm-up run
+  auto cost_fn = [&](int kk, int) {
+    // What the controller sees: the true cost with jitter and rare spikes (a host hiccup).
+    double c = mc.cost(kk) * jitter(noise);
+    if (spike(noise)) c *= 3.0;
+    return (c + extra) * 0.31;
+  };
+  auto on_round = [&](int, const std::vector<int32_t>& drafts, int accepted, int32_t) {
+    const int kk = static_cast<int>(drafts.size());
+    extra = !warm && runs[kk]++ < 2 ? mc.one_off : 0.0;
+    if (counting) r.warmup_cost += extra;
+    if (kk > 0 && plain_run > 0) {
+      const double cu = mc.catch_up * (1.0 + plain_run / 8.0);
+      extra += cu;
+      if (counting) r.catchup_cost += cu, r.switches++;
+    }
+    plain_run = kk == 0 ? plain_run + 1 : 0;
+    if (!counting) return;
+    (kk == 0 ? r.plain_cost : r.draft_cost) += mc.cost(kk);
+    if (kk > 0) r.draft_tokens += accepted + 1;
+    cost += mc.cost(kk) + extra;
+    ksum += kk;
+    r.ks.push_back(kk);
+  };
+  if (warm && src && k < 0 && !prompts.empty()) {
+    const int probe_max = DepthController::Params{}.probe_max;
+    GenerateOptions w;
+    w.max_new_tokens = 3 * probe_max;
+    w.draft_k = kDraftKAuto;
+    w.accept_override = forced_acceptance(0);
+    w.round_cost = cost_fn;
+    counting = false;
+    g.generate(prompts[0], w, nullptr, on_round);
+    counting = true;
+  }
   for (size_t i = 0; i < prompts.size(); i++) {
     // A request starts the source over (DraftSource::begin drops the rows the last request's
     // plain steps deferred): its first drafting round has nothing to catch up.
@@ -84,29 +125,7 @@ inline Result run(TargetModel& m, DraftSource* src, int k, const Machine& mc,
     o.sampling.temperature = temperature;
     o.sampling.seed = 1000 + i;
     if (force >= 0) o.accept_override = forced_acceptance(force);
-    // What the controller sees: the true cost with jitter and rare spikes (a host hiccup).
-    o.round_cost = [&](int kk, int) {
-      double c = mc.cost(kk) * jitter(noise);
-      if (spike(noise)) c *= 3.0;
-      return (c + extra) * 0.31;
-    };
-    auto on_round = [&](int, const std::vector<int32_t>& drafts, int accepted, int32_t) {
-      const int kk = static_cast<int>(drafts.size());
-      extra = runs[kk]++ < 2 ? mc.one_off : 0.0;
-      r.warmup_cost += extra;
-      if (kk > 0 && plain_run > 0) {
-        const double cu = mc.catch_up * (1.0 + plain_run / 8.0);
-        extra += cu;
-        r.catchup_cost += cu;
-        r.switches++;
-      }
-      (kk == 0 ? r.plain_cost : r.draft_cost) += mc.cost(kk);
-      if (kk > 0) r.draft_tokens += accepted + 1;
-      plain_run = kk == 0 ? plain_run + 1 : 0;
-      cost += mc.cost(kk) + extra;
-      ksum += kk;
-      r.ks.push_back(kk);
-    };
+    o.round_cost = cost_fn;
     const GenStats st = g.generate(prompts[i], o, nullptr, on_round);
     tokens += st.generated_tokens;
   }
@@ -124,13 +143,14 @@ struct Baseline {
 };
 
 inline Baseline baseline(TargetModel& m, DraftSource* src, const Machine& mc,
-                         const std::vector<std::vector<int32_t>>& prompts, float temperature, int gen, int force = -1) {
+                         const std::vector<std::vector<int32_t>>& prompts, float temperature, int gen, int force = -1,
+                         bool warm = false) {
   Baseline b;
-  b.plain = run(m, nullptr, 0, mc, prompts, temperature, gen, 1, force).rate;
+  b.plain = run(m, nullptr, 0, mc, prompts, temperature, gen, 1, force, warm).rate;
   b.best = b.plain;
   b.fixed.assign(src->max_k() + 1, 0.0);
   for (int k = 1; k <= src->max_k(); k++) {
-    b.fixed[k] = run(m, src, k, mc, prompts, temperature, gen, 1, force).rate;
+    b.fixed[k] = run(m, src, k, mc, prompts, temperature, gen, 1, force, warm).rate;
     if (b.fixed[k] > b.best) b.best = b.fixed[k], b.best_k = k;
   }
   return b;
