@@ -7,7 +7,7 @@
 //
 // --warm 1: every run as `qflash bench` times it on a GPU after Generator::warm_up: no graph-recording
 // one-offs, and the greedy controller first taken through the warm-up's controller run (harness.h).
-// Its baselines differ (no one-offs): give it a baselines file of its own.
+// Its baselines differ (no one-offs): they are cached under "<case>:warm".
 // --detail 1: per auto run, where its true cost went (decode steps): plain rounds, drafting rounds
 // (and the tokens they made), warm-up one-offs, catch-up, and the switches into drafting.
 // --baselines: plain and fixed-k rates per case are read from FILE when there, else measured and
@@ -105,15 +105,16 @@ int main(int argc, char** argv) {
     const auto prompts = load_prompts(
         c.prose ? root + "/tests/fixtures/prompts/prose.jsonl" : root + "/models/demo/validation_prompts.jsonl", tok, 8);
     Baseline b;
-    if (cache.contains(c.name)) {
-      b.plain = cache[c.name]["plain"];
-      b.fixed = cache[c.name]["fixed"].get<std::vector<double>>();
+    const std::string key = std::string(c.name) + (warm ? ":warm" : "");
+    if (cache.contains(key)) {
+      b.plain = cache[key]["plain"];
+      b.fixed = cache[key]["fixed"].get<std::vector<double>>();
       b.best = b.plain;
       for (size_t k = 1; k < b.fixed.size(); k++)
         if (b.fixed[k] > b.best) b.best = b.fixed[k], b.best_k = static_cast<int>(k);
     } else {
       b = baseline(*m, src, *c.mc, prompts, c.temperature, 128, c.force, warm);
-      cache[c.name] = {{"plain", b.plain}, {"fixed", b.fixed}};
+      cache[key] = {{"plain", b.plain}, {"fixed", b.fixed}};
       if (!cache_path.empty()) std::ofstream(cache_path) << cache.dump(1);
     }
     std::string per_best, per_plain, fixed_line, details;

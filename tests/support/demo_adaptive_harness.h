@@ -94,7 +94,10 @@ inline Result run(TargetModel& m, DraftSource* src, int k, const Machine& mc,
     if (kk > 0 && plain_run > 0) {
       const double cu = mc.catch_up * (1.0 + plain_run / 8.0);
       extra += cu;
-      if (counting) r.catchup_cost += cu, r.switches++;
+      if (counting) {
+        r.catchup_cost += cu;
+        r.switches++;
+      }
     }
     plain_run = kk == 0 ? plain_run + 1 : 0;
     if (!counting) return;
