@@ -3,8 +3,9 @@
 // fixed depth for several noise seeds (docs/experiments/adaptive_depth.md). Not a test: the cases
 // that meet issue 15's target are tests in tests/e2e/demo_adaptive_test.cpp.
 //
-//   qflash_adaptive_sweep [--cases a,b,...] [--seeds 1,2,3,4] [--baselines FILE] [--detail 1] [--warm 1]
+//   qflash_adaptive_sweep [--cases a,b,...] [--seeds 1,2,3,4] [--baselines FILE] [--detail 1] [--warm 1] [--root DIR]
 //
+// --root DIR: the tree whose models/demo and tests/fixtures/prompts are read (default: the source tree).
 // --warm 1: every run as `qflash bench` times it on a GPU after Generator::warm_up: no graph-recording
 // one-offs, and the greedy controller first taken through the warm-up's controller run (harness.h).
 // Its baselines differ (no one-offs): they are cached under "<case>:warm".
@@ -68,7 +69,7 @@ std::vector<std::string> split(const std::string& s) {
 int main(int argc, char** argv) {
   std::vector<std::string> want;
   std::vector<uint64_t> seeds = {1, 2, 3, 4};
-  std::string cache_path;
+  std::string cache_path, root = QFLASH_SOURCE_DIR;
   bool detail = false, warm = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i], v = argv[i + 1];
@@ -79,12 +80,12 @@ int main(int argc, char** argv) {
     } else if (a == "--baselines") cache_path = v;
     else if (a == "--detail") detail = v != "0";
     else if (a == "--warm") warm = v != "0";
+    else if (a == "--root") root = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
   }
-  const std::string root = QFLASH_SOURCE_DIR;
   std::string why;
   const BackendEntry* e = find_backend("cpu");
   std::unique_ptr<Backend> be = e->make(&why);

@@ -8,6 +8,7 @@
 #           (the whole-stream held-out perplexity of the shipped target, then the continuations)
 #   call 2: bash tools/train/drafter_calls.sh drafter   at once after call 1, while the machine is warm
 #           (out/demo_run/gen stays there); no carry
+#   or one call instead of both: bash tools/train/drafter_calls.sh one   (carry ["out/run_carry"], ~9.3 min)
 #   here:   bash tools/train/drafter_calls.sh restore   weights back into models/demo
 #   here:   bash tools/train/remote_v2.sh install FILES_AT   the new pair
 #
@@ -39,7 +40,8 @@ case "${1:-}" in
     P=out/ppl_pair; rm -rf $P; mkdir -p $P
     cp models/demo/config.json models/demo/generation_config.json models/demo/tokenizer.json models/demo/tokenizer_config.json $P/
     ln -s "$PWD/$RUN/target/model_int4.safetensors" $P/model.safetensors
-    timeout 150 python3 tools/quality/heldout_ppl.py --model $P --tokens data/pypi_v8/corpus/tokens_val.npy \
+    # PPL=0 skips it (it was measured on the CPU: 7.944, docs/experiments/demo_data.md "Session 14")
+    [ "${PPL:-1}" = 0 ] || timeout 150 python3 tools/quality/heldout_ppl.py --model $P --tokens data/pypi_v8/corpus/tokens_val.npy \
       --gdn fast --batch 64 --json "$OUT/heldout_ppl.json" 2>&1 | tail -20
     # the drafter keeps every continuation's taps on the GPU (~0.43 MB each): 131,072 fit beside its
     # training on an 80 GB card, 196,608 on an H200
@@ -50,6 +52,20 @@ case "${1:-}" in
     rc=$?
     rm -f "$OUT"/run.tar.xz.*   # the gen folder is not in the bundle: the next call needs this warm machine
     du -sh $RUN/gen
+    exit $rc
+    ;;
+  one)
+    # gen and the drafter in one call (~9.3 min), when machines are scarce and a warm second call
+    # is not likely: GEN_MIN (2.0) of continuations, DRAFTER_MIN (5.6) of drafter; no perplexity
+    : "${OUT:?OUT is not set (this step runs on the device machine)}"
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    mkdir -p $RUN && cat out/run_carry/run.tar.xz.* | xz -dc | tar -C $RUN -xf -
+    bash tools/train/remote_v2.sh train gen,drafter,package --gen-max-min "${GEN_MIN:-2.0}" --gen-batch 8192 \
+      --gen-prompts 196608 --drafter-layers 3 --drafter-steps 30000 --drafter-max-min "${DRAFTER_MIN:-5.6}"
+    rc=$?
+    rm -f "$OUT"/run.tar.xz.*
+    ( cd $RUN && find . -name '*.json' -not -path './corpus/*' -not -path './tokenizer/*' | tar -czf "$OUT/run_json.tgz" -T - )
+    ls -l "$OUT"
     exit $rc
     ;;
   drafter)
@@ -64,5 +80,5 @@ case "${1:-}" in
     ls -l "$OUT"
     exit $rc
     ;;
-  *) sed -n '2,17p' "$0"; exit 2 ;;
+  *) sed -n '2,18p' "$0"; exit 2 ;;
 esac
