@@ -429,7 +429,24 @@ int cmd_bench(const BenchArgs& a) {
                         {"time_to_first_token_ms", ttft / all.size()},
                         {"phases_ms", {{"draft", draft}, {"verify", verify}, {"accept", acc}, {"total", ms}}}};
     if (cf.name == "plain") r["achieved_gbps"] = target_bytes / (ms / toks * 1e-3) / 1e9;
-    if (cf.auto_k) r["speedup_vs_fixed_k"] = fixed_tps > 0 ? tps / fixed_tps : 1.0;
+    if (cf.auto_k) {
+      r["speedup_vs_fixed_k"] = fixed_tps > 0 ? tps / fixed_tps : 1.0;
+      // What a drafting round after j plain steps paid on top of its depth's cost (the catch-up of
+      // their deferred rows): the controller charges it to plain steps (docs/DESIGN.md).
+      const CatchUpSummary cu = catch_up_summary(all);
+      nlohmann::json b = nlohmann::json::array();
+      for (const auto& x : cu.buckets)
+        if (x.n > 0)
+          b.push_back({{"plain_steps", strf("%d-%d", x.lo, std::min(x.hi, 999))},
+                       {"rounds", x.n},
+                       {"excess_ms", x.excess_ms},
+                       {"excess_plain_steps", cu.plain_ms > 0 ? x.excess_ms / cu.plain_ms : 0.0}});
+      r["catch_up"] = {{"plain_step_ms", cu.plain_ms},
+                       {"rounds", cu.n},
+                       {"fixed_ms", cu.fixed_ms},
+                       {"per_row_ms", cu.per_row_ms},
+                       {"by_plain_run", b}};
+    }
     if (all.size() == 1) r["accept_profile"] = all[0].accept_profile();
     runs.push_back(r);
   }

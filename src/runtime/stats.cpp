@@ -1,6 +1,8 @@
 #include "runtime/stats.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/error.h"
 
@@ -92,6 +94,52 @@ std::string GenStats::to_table() const {
   s += strf("decode speed      %.2f tokens/s (%.2f ms/token)\n", tokens_per_second(),
             generated_tokens > 0 ? total_decode_ms / generated_tokens : 0.0);
   return s;
+}
+
+}  // namespace qf
+
+namespace qf {
+
+CatchUpSummary catch_up_summary(const std::vector<GenStats>& runs) {
+  auto median = [](std::vector<double> v) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    return v[(v.size() - 1) / 2];
+  };
+  std::vector<std::vector<double>> own;  // [k]: rounds that caught nothing up
+  for (const GenStats& g : runs)
+    for (const GenStats::RoundTime& r : g.round_times)
+      if (r.k == 0 || r.deferred == 0) {
+        if (static_cast<int>(own.size()) <= r.k) own.resize(r.k + 1);
+        own[r.k].push_back(r.ms);
+      }
+  std::vector<double> med(own.size());
+  for (size_t k = 0; k < own.size(); k++) med[k] = median(own[k]);
+  CatchUpSummary out;
+  out.plain_ms = med.empty() ? 0.0 : med[0];
+  for (auto [lo, hi] : {std::pair{1, 4}, {5, 8}, {9, 16}, {17, 32}, {33, 64}, {65, 1 << 30}}) out.buckets.push_back({lo, hi});
+  double sj = 0, se = 0, sjj = 0, sje = 0;
+  for (const GenStats& g : runs)
+    for (const GenStats::RoundTime& r : g.round_times) {
+      if (r.k == 0 || r.deferred == 0 || r.k >= static_cast<int>(own.size()) || own[r.k].empty()) continue;
+      const double e = r.ms - med[r.k];
+      for (CatchUpSummary::Bucket& b : out.buckets)
+        if (r.deferred >= b.lo && r.deferred <= b.hi) {
+          b.excess_ms += (e - b.excess_ms) / ++b.n;
+          break;
+        }
+      out.n++;
+      sj += r.deferred;
+      se += e;
+      sjj += static_cast<double>(r.deferred) * r.deferred;
+      sje += r.deferred * e;
+    }
+  if (out.n > 0) {
+    const double var = sjj - sj * sj / out.n;
+    out.per_row_ms = var > 0 ? (sje - sj * se / out.n) / var : 0.0;
+    out.fixed_ms = (se - out.per_row_ms * sj) / out.n;
+  }
+  return out;
 }
 
 }  // namespace qf

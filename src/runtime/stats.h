@@ -25,6 +25,14 @@ struct GenStats {
   // accept: the verdict and the target's rollback. total_decode_ms also holds emission.
   double prefill_ms = 0, draft_ms = 0, verify_ms = 0, accept_ms = 0, total_decode_ms = 0;
   double ttft_ms = 0;               // generate() entry to the first token (prefill included)
+  // --draft-k auto only: every round's depth, the plain steps just before it (the rows a drafting
+  // round catches up), and its cost as the depth controller was told it (ms). `qflash bench`
+  // reads what a catch-up costs from these (catch_up_summary).
+  struct RoundTime {
+    int k = 0, deferred = 0;
+    double ms = 0;
+  };
+  std::vector<RoundTime> round_times;
   std::string stop_reason;          // "stop_token", "max_tokens", "context_full", "callback"
 
   double tau() const;               // mean of accept_lengths
@@ -35,6 +43,22 @@ struct GenStats {
   std::string to_json() const;
   std::string to_table() const;
 };
+
+// What catching up costs, from --draft-k auto runs' round_times: a drafting round after j plain
+// steps against the median of its depth's rounds that followed no plain step (its excess), per
+// range of j, and a least-squares line excess = fixed_ms + per_row_ms * j over all of them.
+struct CatchUpSummary {
+  struct Bucket {
+    int lo = 0, hi = 0;  // plain steps before the round, lo..hi
+    int n = 0;
+    double excess_ms = 0;  // mean
+  };
+  double plain_ms = 0;  // the median plain step (0 if none)
+  std::vector<Bucket> buckets;
+  int n = 0;  // switch rounds whose depth has a median
+  double fixed_ms = 0, per_row_ms = 0;
+};
+CatchUpSummary catch_up_summary(const std::vector<GenStats>& runs);
 
 // Adds the wall time of its scope to one phase total of GenStats. A phase should end where the
 // backend has synced (a download or Backend::sync), so that device work is billed to the phase

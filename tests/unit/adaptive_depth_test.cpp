@@ -135,6 +135,17 @@ TEST_P(AdaptiveDepth, LeavesDraftingWhenDraftsFailAndComesBackKeepingIdentity) {
   ASSERT_GT(rounds_after, 3);
   EXPECT_EQ(deep_after, rounds_after) << "back to k = 7 once the drafts are right again";
   EXPECT_EQ(a.stats.k_rounds[0], std::count(a.ks.begin(), a.ks.end(), 0));
+  // Every round's time as the controller was told it, with the plain steps before it.
+  ASSERT_EQ(a.stats.round_times.size(), a.ks.size());
+  int plain_before = 0;
+  for (size_t r = 0; r < a.ks.size(); r++) {
+    const GenStats::RoundTime& t = a.stats.round_times[r];
+    EXPECT_EQ(t.k, a.ks[r]) << "round " << r;
+    EXPECT_EQ(t.deferred, plain_before) << "round " << r;
+    EXPECT_DOUBLE_EQ(t.ms, fake_cost(a.ks[r], pos_of[r])) << "round " << r;
+    plain_before = a.ks[r] == 0 ? plain_before + 1 : 0;
+  }
+  EXPECT_TRUE(plain.stats.round_times.empty()) << "no controller, no round times";
   // The same costs give the same decisions.
   PhasedOracle src2(plain.tokens, P, tiny().t.vocab, from, to);
   EXPECT_EQ(generate(*m_, &src2, prompt, o).ks, a.ks);
