@@ -90,6 +90,7 @@ class DepthController {
   bool open(int k) const;  // may choose() run depth k (plain, run before, or its one-off earned)
   bool probing() const { return probing_; }  // the last choose() was a probe
   int probe_wait() const { return wait_; }
+  int plain_run() const { return plain_run_; }  // plain steps since the last drafting round (this request)
 
  private:
   struct Mean {

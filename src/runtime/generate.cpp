@@ -20,7 +20,6 @@ struct Generator::Run {
   int k_req = 0;       // drafts asked for per round (auto: the most the controller may pick)
   DepthController* ctl = nullptr;  // --draft-k auto: picks each round's k (the Generator's)
   int pos = 0;         // P: the anchor's position = tokens the target has committed
-  int plain_run = 0;   // plain steps since the last drafting round (their rows wait for catch-up)
   int resumed = 0;     // prompt tokens restored from a prefix snapshot (the prefill starts here)
   std::vector<int> snapshots;  // positions where the prefill stores snapshots, ascending
   int32_t anchor = -1;  // the last emitted token, not yet fed to the target
@@ -87,9 +86,8 @@ void Generator::round(Run& run) {
     const double ms = run.opt.round_cost
                           ? run.opt.round_cost(k, pos)
                           : std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    run.stats.round_times.push_back({k, run.ctl->plain_run(), ms});
     run.ctl->record(k, v.accepted, ms);
-    run.stats.round_times.push_back({k, run.plain_run, ms});
-    run.plain_run = k == 0 ? run.plain_run + 1 : 0;
   }
   for (int i = 0; i < v.accepted; i++) emit(run, run.drafts[i]);
   emit(run, v.bonus);

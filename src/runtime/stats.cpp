@@ -96,10 +96,6 @@ std::string GenStats::to_table() const {
   return s;
 }
 
-}  // namespace qf
-
-namespace qf {
-
 CatchUpSummary catch_up_summary(const std::vector<GenStats>& runs) {
   auto median = [](std::vector<double> v) {
     if (v.empty()) return 0.0;

@@ -22,6 +22,13 @@ RUN=out/demo_run
 HOLD=${HOLD:-/tmp/qflash_demo_weights}
 export GDN_CHECK=${GDN_CHECK:-0} COMPILE_MODEL=${COMPILE_MODEL:-off} PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True RUN
 py=python3; [ -x .venv/bin/python ] && py=.venv/bin/python
+unpack_run() { mkdir -p $RUN && cat out/run_carry/run.tar.xz.* | xz -dc | tar -C $RUN -xf -; }
+# $OUT's 64 MB take the pair (demo.tar.*); the run's JSON travels instead of the run's bundle
+pack_json() {
+  rm -f "$OUT"/run.tar.xz.*
+  ( cd $RUN && find . -name '*.json' -not -path './corpus/*' -not -path './tokenizer/*' | tar -czf "$OUT/run_json.tgz" -T - )
+  ls -l "$OUT"
+}
 case "${1:-}" in
   prep)
     [ -f data/pypi_v8/corpus/tokens_val.npy ] || {
@@ -35,7 +42,7 @@ case "${1:-}" in
   gen)
     : "${OUT:?OUT is not set (this step runs on the device machine)}"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    mkdir -p $RUN && cat out/run_carry/run.tar.xz.* | xz -dc | tar -C $RUN -xf -
+    unpack_run
     # the seeded target is the shipped one bit for bit: a pair folder for heldout_ppl.py
     P=out/ppl_pair; rm -rf $P; mkdir -p $P
     cp models/demo/config.json models/demo/generation_config.json models/demo/tokenizer.json models/demo/tokenizer_config.json $P/
@@ -59,13 +66,11 @@ case "${1:-}" in
     # is not likely: GEN_MIN (2.0) of continuations, DRAFTER_MIN (5.6) of drafter; no perplexity
     : "${OUT:?OUT is not set (this step runs on the device machine)}"
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-    mkdir -p $RUN && cat out/run_carry/run.tar.xz.* | xz -dc | tar -C $RUN -xf -
+    unpack_run
     bash tools/train/remote_v2.sh train gen,drafter,package --gen-max-min "${GEN_MIN:-2.0}" --gen-batch 8192 \
       --gen-prompts 196608 --drafter-layers 3 --drafter-steps 30000 --drafter-max-min "${DRAFTER_MIN:-5.6}"
     rc=$?
-    rm -f "$OUT"/run.tar.xz.*
-    ( cd $RUN && find . -name '*.json' -not -path './corpus/*' -not -path './tokenizer/*' | tar -czf "$OUT/run_json.tgz" -T - )
-    ls -l "$OUT"
+    pack_json
     exit $rc
     ;;
   drafter)
@@ -75,9 +80,7 @@ case "${1:-}" in
     bash tools/train/remote_v2.sh train drafter,package --drafter-layers 3 --drafter-steps 30000 \
       --drafter-max-min "${DRAFTER_MIN:-7.0}"
     rc=$?
-    rm -f "$OUT"/run.tar.xz.*   # $OUT's 64 MB take the pair (demo.tar.*); the run's JSON travels instead
-    ( cd $RUN && find . -name '*.json' -not -path './corpus/*' -not -path './tokenizer/*' | tar -czf "$OUT/run_json.tgz" -T - )
-    ls -l "$OUT"
+    pack_json
     exit $rc
     ;;
   *) sed -n '2,18p' "$0"; exit 2 ;;
